@@ -1,0 +1,197 @@
+"""In-process PyTorch training backend (one rank): log-probs, token-budget micro-batches, AdamW, checkpoints.
+
+The loss is handed in (`loss_fn`); this module knows nothing of the algorithm. Gradient accumulation is
+exact because the loss function scales each micro-batch's loss by the global batch's token/sequence counts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from transformers import AutoModelForCausalLM
+
+from relax.algorithms.pipeline import PolicyLossInputs
+from relax.backends.training.base import LossFn
+from relax.config.schema import TrainerConfig
+from relax.data.batch import TrainBatch, pack_micro_batches, pad_ragged
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def lr_lambda(cfg: TrainerConfig, total_steps: int):
+    """Warm-up then constant / cosine / linear decay to `min_lr_ratio`, as a LambdaLR multiplier."""
+
+    def fn(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
+
+    return fn
+
+
+def response_log_probs(
+    model: torch.nn.Module, batch: TrainBatch, idx: list[int], device: torch.device, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Forward samples `idx`; return log-probs [B,T] and entropy [B,T] of response tokens, and T-lengths."""
+    seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in idx]
+    plen = torch.tensor([len(batch.prompt_ids[i]) for i in idx])
+    rlen = torch.tensor([len(batch.response_ids[i]) for i in idx])
+    L = max(len(s) for s in seqs)
+    T = max(1, int(rlen.max()))
+    input_ids = pad_ragged(seqs, L, dtype=torch.long).to(device)  # [B, L]
+    attn = (torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long().to(device)
+    logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits.float()  # [B, L, V]
+    # Token at position p is predicted by logits at p-1: response token t sits at plen+t.
+    pos_BT = (plen[:, None] - 1 + torch.arange(T)[None, :]).clamp(max=L - 2).to(device)  # [B, T]
+    logits_BTV = logits.gather(1, pos_BT[..., None].expand(-1, -1, logits.size(-1)))
+    targets_BT = input_ids.gather(1, (pos_BT + 1))
+    logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
+    logp_BT = logp_BTV.gather(-1, targets_BT[..., None]).squeeze(-1)
+    entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1) if with_entropy else None
+    return logp_BT, entropy_BT, rlen
+
+
+class TorchTrainer:
+    """A causal LM with an optimizer on one device; the Actor/ActorFwd/Reference roles wrap it."""
+
+    def __init__(
+        self,
+        model_path: str,
+        cfg: TrainerConfig,
+        *,
+        dtype: str = "float32",
+        total_steps: int = 1,
+        with_reference: bool = False,
+        seed: int = 0,
+    ) -> None:
+        torch.manual_seed(seed)
+        torch.set_num_threads(cfg.threads)
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device)
+        self.model.train()
+        self.ref_model = None
+        if with_reference:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        steps = total_steps * cfg.num_mini_batches
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, steps))
+        self.step = 0  # optimizer steps taken == the weight version of the current parameters
+
+    # -- forward-only ------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_log_probs(self, batch: TrainBatch, *, reference: bool = False) -> list[torch.Tensor]:
+        model = self.ref_model if reference else self.model
+        if model is None:
+            raise RuntimeError("reference log-probs requested but the trainer was built without a reference")
+        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        for idx in pack_micro_batches(batch.seq_lens(), self.cfg.max_tokens_per_micro_batch):
+            logp_BT, _, rlen = response_log_probs(model, batch, idx, self.device, with_entropy=False)
+            for row, i in enumerate(idx):
+                out[i] = logp_BT[row, : rlen[row]].cpu()
+        return out
+
+    # -- training ----------------------------------------------------------------------------
+    def train_batch(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        if batch.advantages is None or batch.old_log_probs is None:
+            raise ValueError("train_batch needs batch.advantages and batch.old_log_probs filled in")
+        n = len(batch)
+        minis = [list(range(n))[k :: self.cfg.num_mini_batches] for k in range(self.cfg.num_mini_batches)]
+        totals: dict[str, float] = {}
+        for mini in minis:
+            metrics = self._optimizer_step(batch, mini, loss_fn)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v / len(minis)
+        return totals
+
+    def _optimizer_step(self, batch: TrainBatch, mini: list[int], loss_fn: LossFn) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        global_tokens = float(sum(sum(batch.loss_mask[i]) for i in mini))
+        lengths = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in mini]
+        loss_total, weighted, weight_sum = 0.0, {}, 0.0
+        for local in pack_micro_batches(lengths, self.cfg.max_tokens_per_micro_batch):
+            idx = [mini[j] for j in local]
+            logp_BT, ent_BT, rlen = response_log_probs(self.model, batch, idx, self.device, with_entropy=True)
+            T = logp_BT.size(1)
+
+            def col(rows, idx=idx, T=T):
+                return pad_ragged([rows[i] for i in idx], T).to(self.device)
+
+            inputs = PolicyLossInputs(
+                log_probs=logp_BT,
+                old_log_probs=col(batch.old_log_probs),
+                advantages=col(batch.advantages),
+                loss_mask=col(batch.loss_mask),
+                rollout_log_probs=col(batch.rollout_log_probs),
+                ref_log_probs=col(batch.ref_log_probs) if batch.ref_log_probs is not None else None,
+                entropy=ent_BT,
+                global_num_tokens=max(global_tokens, 1.0),
+                global_num_seqs=float(len(mini)),
+                max_response_len=int(max(batch.response_lens()) or 1),
+            )
+            loss, metrics = loss_fn(inputs)
+            loss.backward()
+            loss_total += float(loss.detach())
+            w = float(inputs.loss_mask.sum())
+            weight_sum += w
+            for k, v in metrics.items():
+                weighted[k] = weighted.get(k, 0.0) + float(v) * w
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            logger.warning("non-finite grad norm %s at step %d: update skipped", grad_norm, self.step)
+        self.scheduler.step()
+        self.step += 1
+        out = {f"train/{k}": v / max(weight_sum, 1.0) for k, v in weighted.items()}
+        out.update({"train/loss": loss_total, "train/grad_norm": float(grad_norm), "train/lr": lr})
+        return out
+
+    # -- weights and checkpoints ---------------------------------------------------------------
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach()
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path / "dcp"))
+        extra = {"step": self.step, "scheduler": self.scheduler.state_dict()}
+        torch.save(extra, path / "trainer_state.pt")
+        (path / "trainer.json").write_text(json.dumps({"step": self.step}))
+
+    def load(self, path: Path) -> None:
+        path = Path(path)
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        extra = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.step = int(extra["step"])
+        logger.info("trainer restored from %s at step %d", path, self.step)

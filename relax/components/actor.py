@@ -1,0 +1,124 @@
+"""The Actor role: the trainer of the policy. In colocate mode it also runs, in process, what the
+ActorFwd (old log-probs), Reference (reference log-probs) and Advantages roles do in fully_async mode.
+
+A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from relax.algorithms.pipeline import compute_advantages, make_policy_loss
+from relax.algorithms.registry import get_algorithm
+from relax.backends.training.torch_backend import TorchTrainer
+from relax.config import RelaxConfig
+from relax.data.batch import TrainBatch, pad_ragged
+from relax.data.sample import Sample
+from relax.distributed.weight_publisher import WeightPublisher
+from relax.utils.timer import timer
+
+logger = logging.getLogger(__name__)
+
+
+class ActorRole:
+    def __init__(self, cfg: RelaxConfig) -> None:
+        from relax.utils.logging import setup_logging
+
+        setup_logging()
+        self.cfg = cfg
+        algo = cfg.algorithm
+        spec = get_algorithm(algo.name)
+        self.needs_reference = spec.needs_reference or algo.kl_coef > 0 or algo.reward_kl_coef > 0
+        self.trainer = TorchTrainer(
+            cfg.model.path,
+            cfg.trainer,
+            dtype=cfg.model.dtype,
+            total_steps=cfg.trainer.num_steps,
+            with_reference=self.needs_reference,
+            seed=cfg.run.seed,
+        )
+        self.loss_fn = make_policy_loss(cfg.algorithm)
+        self.publisher = WeightPublisher()
+
+    # -- training ----------------------------------------------------------------------------
+    async def train(self, samples: list[Sample]) -> dict[str, float]:
+        return await asyncio.to_thread(self.train_sync, samples)
+
+    def train_sync(self, samples: list[Sample]) -> dict[str, float]:
+        times: dict[str, float] = {}
+        batch = TrainBatch.from_samples(samples)
+        with timer("old_log_probs", times):
+            batch.old_log_probs = self.trainer.compute_log_probs(batch)
+        if self.needs_reference:
+            with timer("ref_log_probs", times):
+                batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
+        with timer("advantages", times):
+            adv_metrics = self._advantages(batch)
+        with timer("update", times):
+            metrics = self.trainer.train_batch(batch, self.loss_fn)
+        metrics.update(adv_metrics)
+        metrics.update(_mismatch_metrics(batch))
+        metrics.update({k.replace("perf/", "perf/actor_"): v for k, v in times.items()})
+        return metrics
+
+    def _advantages(self, batch: TrainBatch) -> dict[str, float]:
+        T = max(1, max(batch.response_lens()))
+        mask_NT = pad_ragged(batch.loss_mask, T)
+        out = compute_advantages(
+            self.cfg.algorithm,
+            torch.tensor(batch.rewards, dtype=torch.float32),
+            torch.tensor(batch.group_index, dtype=torch.long),
+            mask_NT,
+            log_probs_NT=pad_ragged(batch.old_log_probs, T),
+            ref_log_probs_NT=pad_ragged(batch.ref_log_probs, T) if batch.ref_log_probs else None,
+        )
+        lens = batch.response_lens()
+        batch.advantages = [out.advantages_NT[i, : lens[i]] for i in range(len(batch))]
+        if out.returns_NT is not None:
+            batch.returns = [out.returns_NT[i, : lens[i]] for i in range(len(batch))]
+        return {f"advantages/{k}": v for k, v in out.metrics.items()}
+
+    # -- weights -----------------------------------------------------------------------------
+    async def connect_engines(self, urls: list[str]) -> None:
+        await self.publisher.connect(urls)
+
+    async def push_weights(self) -> int:
+        """Publish the current weights to every engine; returns the version they now report."""
+        version = self.trainer.step
+        t0 = time.perf_counter()
+        await self.publisher.publish(self.trainer.named_weights(), version)
+        logger.debug("weights v%d published in %.3fs", version, time.perf_counter() - t0)
+        return version
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.trainer.save(Path(path))
+
+    def load(self, path: str) -> int:
+        self.trainer.load(Path(path))
+        return self.trainer.step
+
+    def weight_version(self) -> int:
+        return self.trainer.step
+
+
+def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
+    """How far the engine's behaviour log-probs are from the trainer's (same weights in colocate mode)."""
+    diffs = []
+    for old, rollout, mask in zip(batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, strict=True):
+        if len(rollout) == len(old) and len(old):
+            m = torch.tensor(mask, dtype=torch.bool)
+            diffs.append((old - torch.tensor(rollout))[m].abs())
+    if not diffs:
+        return {}
+    d = torch.cat(diffs)
+    return {
+        "train/rollout_logp_abs_diff_mean": float(d.mean()),
+        "train/rollout_logp_abs_diff_max": float(d.max()),
+    }

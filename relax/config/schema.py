@@ -1,0 +1,134 @@
+"""The typed configuration of a Relax run: one pydantic model per area, nested under `RelaxConfig`.
+
+Every field has a one-line description (shown by `relax train --help-config`). Unknown keys are errors
+(`extra="forbid"`) so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relax.algorithms.config import AlgorithmConfig
+from relax.rewards.config import RewardConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field("relax-run", description="Run name; the run folder is `<output_dir>/<name>`.")
+    output_dir: str = Field("runs", description="Parent folder of run folders.")
+    seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+class ModelConfig(Section):
+    path: str = Field(..., description="Hugging Face model folder (config.json, safetensors, tokenizer).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype of the trainer's master weights and of the engines."
+    )
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(..., min_length=1, description="Prompt files (.jsonl or .parquet).")
+    prompt_key: str = Field("prompt", description="Row field holding a plain-text prompt.")
+    messages_key: str = Field("messages", description="Row field holding chat messages.")
+    label_key: str = Field("label", description="Row field holding the reference answer.")
+    metadata_key: str = Field("metadata", description="Row field holding free-form metadata.")
+    apply_chat_template: bool = Field(True, description="Wrap prompts in the tokenizer's chat template.")
+    system_prompt: str | None = Field(None, description="System message prepended when templating.")
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by run.seed).")
+    max_prompt_len: int = Field(1024, gt=0, description="Prompts longer than this (tokens) are an error.")
+
+
+class RolloutConfig(Section):
+    prompts_per_step: int = Field(16, gt=0, description="Prompts drawn per training step.")
+    n_samples_per_prompt: int = Field(8, gt=0, description="Responses sampled per prompt (GRPO group).")
+    max_new_tokens: int = Field(64, gt=0, description="Response length cap in tokens.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(-1, description="Top-k sampling (-1 = off).")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p sampling threshold (0 = off).")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
+    engine: Literal["embedded", "external"] = Field(
+        "embedded",
+        description="`embedded`: Relax starts its own engines; `external`: attach to `engine_urls`.",
+    )
+    num_engines: int = Field(1, gt=0, description="Embedded engines to start.")
+    engine_urls: list[str] = Field(default_factory=list, description="Engine base URLs (external mode).")
+    engine_max_running: int = Field(256, gt=0, description="Max concurrently decoded requests per engine.")
+    engine_threads: int = Field(2, gt=0, description="torch intra-op threads of each embedded engine (CPU).")
+    request_timeout_s: float = Field(300.0, gt=0, description="Timeout of one /generate call.")
+
+    @model_validator(mode="after")
+    def _external_needs_urls(self) -> RolloutConfig:
+        if self.engine == "external" and not self.engine_urls:
+            raise ValueError("rollout.engine=external needs rollout.engine_urls=[http://host:port, ...]")
+        return self
+
+
+class TrainerConfig(Section):
+    num_steps: int = Field(100, gt=0, description="Training steps (one rollout batch and one update each).")
+    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up (optimizer steps).")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Decay after warm-up."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final lr as a fraction of lr (cosine/linear).")
+    max_tokens_per_micro_batch: int = Field(
+        8192, gt=0, description="Token budget of one micro-batch (dynamic batch size)."
+    )
+    num_mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch.")
+    threads: int = Field(2, gt=0, description="torch intra-op threads of the trainer (CPU).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Trainer device.")
+
+
+class ResourcesConfig(Section):
+    mode: Literal["colocate"] = Field(
+        "colocate", description="Execution mode (colocate: rollout and training take turns)."
+    )
+    max_staleness: int = Field(0, ge=0, description="How many steps rollout may run ahead of training.")
+    num_cpus: int = Field(8, gt=0, description="Logical CPUs declared to a locally started Ray.")
+    ray_address: str | None = Field(None, description="Existing Ray cluster to join (None = start one).")
+    object_store_mb: int = Field(1024, gt=0, description="Object store size of a locally started Ray.")
+
+
+class OpsConfig(Section):
+    checkpoint_interval: int = Field(50, ge=0, description="Save every N steps (0 = only at the end).")
+    keep_checkpoints: int = Field(2, gt=0, description="Checkpoints kept on disk (oldest deleted).")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files into the run folder.")
+    log_interval: int = Field(10, gt=0, description="Steps between one-line status logs.")
+    progress: bool = Field(True, description="Show a live progress bar.")
+
+
+class RelaxConfig(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    ops: OpsConfig = Field(default_factory=OpsConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RelaxConfig:
+        # The Actor loads a frozen reference whenever the algorithm asks for one.
+        self.algorithm.validate_against(max_staleness=self.resources.max_staleness, has_reference=True)
+        if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"algorithm {self.algorithm.name!r} normalises rewards within prompt groups and needs "
+                "rollout.n_samples_per_prompt >= 2 (8 is typical)"
+            )
+        return self

@@ -1,0 +1,82 @@
+"""Column view of a step's samples, as trainer roles consume it, and padding into tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from relax.data.sample import Sample
+
+
+@dataclass
+class TrainBatch:
+    """One training step's data. Every list has one entry per sample; token lists are ragged."""
+
+    prompt_ids: list[list[int]]  # [N][P_i] prompt tokens
+    response_ids: list[list[int]]  # [N][R_i] response tokens
+    loss_mask: list[list[float]]  # [N][R_i] 1 = trained token, 0 = environment/masked token
+    rollout_log_probs: list[list[float]]  # [N][R_i] behaviour log-probs reported by the engine
+    rewards: list[float]  # [N] scalar reward per sample (Rollout)
+    group_index: list[int]  # [N] prompt-group id; samples of one prompt share it
+    weight_versions: list[int]  # [N] oldest weight version that generated the sample
+    # Filled by ActorFwd / Reference / Advantages (or in-process on the Actor):
+    old_log_probs: list[torch.Tensor] | None = None  # [N][R_i] policy log-probs before the update
+    ref_log_probs: list[torch.Tensor] | None = None  # [N][R_i] frozen reference log-probs
+    advantages: list[torch.Tensor] | None = None  # [N][R_i] per-token advantages
+    returns: list[torch.Tensor] | None = None  # [N][R_i] value targets (critic algorithms)
+    extras: dict[str, list] = field(default_factory=dict)
+
+    @classmethod
+    def from_samples(cls, samples: list[Sample]) -> TrainBatch:
+        return cls(
+            prompt_ids=[s.prompt_ids for s in samples],
+            response_ids=[s.response_ids for s in samples],
+            loss_mask=[[float(m) for m in (s.loss_mask or [1] * s.response_length)] for s in samples],
+            rollout_log_probs=[list(s.rollout_log_probs) for s in samples],
+            rewards=[float(s.reward if s.reward is not None else 0.0) for s in samples],
+            group_index=[s.group_id for s in samples],
+            weight_versions=[s.weight_version for s in samples],
+        )
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    def seq_lens(self) -> list[int]:
+        return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids, strict=True)]
+
+    def response_lens(self) -> list[int]:
+        return [len(r) for r in self.response_ids]
+
+
+def pad_ragged(
+    rows: list[list[float]] | list[torch.Tensor], length: int, dtype=torch.float32
+) -> torch.Tensor:
+    """Right-pad ragged rows with zeros into a [len(rows), length] tensor."""
+    out = torch.zeros(len(rows), length, dtype=dtype)
+    for i, row in enumerate(rows):
+        t = torch.as_tensor(row, dtype=dtype)
+        out[i, : t.numel()] = t[:length]
+    return out
+
+
+def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Split sample indices into micro-batches whose padded size (count x longest) fits `max_tokens`.
+
+    Samples are sorted by length first, so each micro-batch holds similar lengths and little padding.
+    A single sample longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        new_longest = max(longest, lengths[i])
+        if current and new_longest * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, new_longest = [], lengths[i]
+        current.append(i)
+        longest = new_longest
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,54 @@
+"""What one trajectory is, as it travels from the data set through rollout to the trainer."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SampleStatus(str, enum.Enum):
+    PENDING = "pending"  # not generated yet
+    COMPLETED = "completed"  # the engine stopped on EOS or a stop string/id
+    TRUNCATED = "truncated"  # the engine stopped at max_new_tokens
+    ABORTED = "aborted"  # generation was aborted (weight update, shutdown)
+    FAILED = "failed"  # the engine or the reward failed for this sample
+
+
+@dataclass
+class Sample:
+    """One prompt's one response. Filled in stages: data set -> Rollout -> reward -> Advantages -> trainer."""
+
+    # -- from the data set --
+    index: int  # global prompt index in the data stream (stable across resume)
+    prompt: str | list[dict[str, Any]]  # raw prompt: text, or chat messages
+    label: Any = None  # reference answer handed to the reward function
+    metadata: dict[str, Any] = field(default_factory=dict)  # free-form row metadata (e.g. rm_type)
+    prompt_ids: list[int] = field(default_factory=list)  # prompt tokens after the chat template, [P]
+    # -- grouping --
+    group_id: int = 0  # samples of one prompt share a group id (GRPO groups)
+    sample_id: int = 0  # position within the group, 0..n_samples_per_prompt-1
+    # -- from Rollout --
+    response_ids: list[int] = field(default_factory=list)  # generated tokens, [R]
+    response_text: str = ""  # decoded response (special tokens skipped)
+    loss_mask: list[int] = field(default_factory=list)  # 1 = model token trained on, 0 = env token, [R]
+    rollout_log_probs: list[float] = field(default_factory=list)  # behaviour log-probs from the engine, [R]
+    status: SampleStatus = SampleStatus.PENDING
+    weight_versions: list[int] = field(default_factory=list)  # weight version(s) the tokens came from
+    # -- from the reward --
+    reward: float | None = None  # scalar reward used by the algorithm
+    reward_info: dict[str, float] = field(default_factory=dict)  # extra reward metrics (logged, not trained)
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt followed by response, [P + R]."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def response_length(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def weight_version(self) -> int:
+        """The oldest weight version that produced any token of this sample (-1 if not generated)."""
+        return min(self.weight_versions) if self.weight_versions else -1

@@ -1,0 +1,51 @@
+"""Embedded inference engines as Ray actors, each serving the SGLang-compatible HTTP protocol on
+127.0.0.1 (the `ray_native` way: Relax starts the engines it uses inside its own cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+logger = logging.getLogger(__name__)
+
+
+@ray.remote
+class EngineActor:
+    """Hosts one `EngineServer`; the heavy engine is built inside the actor, only config travels."""
+
+    def __init__(self, model_path: str, engine_kwargs: dict[str, Any]) -> None:
+        from relax.backends.inference.embedded.server import EngineServer
+        from relax.utils.logging import setup_logging
+
+        setup_logging()
+        self.server = EngineServer(model_path, host="127.0.0.1", port=0, **engine_kwargs)
+        self.server.start()
+
+    def url(self) -> str:
+        return self.server.url
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class EngineGroup:
+    """Starts `n` embedded engines and knows their URLs; `stop()` ends them."""
+
+    def __init__(self, model_path: str, n: int, engine_kwargs: dict[str, Any], num_cpus: float = 1.0) -> None:
+        self.actors = [
+            EngineActor.options(num_cpus=num_cpus).remote(model_path, engine_kwargs) for _ in range(n)
+        ]
+        self.urls: list[str] = ray.get([a.url.remote() for a in self.actors])
+        logger.info("embedded engines up: %s", self.urls)
+
+    def stop(self) -> None:
+        for actor in self.actors:
+            try:
+                ray.get(actor.stop.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - the actor may already be gone
+                pass
+            ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,117 @@
+"""The single-turn rollout loop: prompts -> engine requests (one per prompt group, `n` samples sharing the
+prompt's prefill) -> `Sample`s with tokens, behaviour log-probs and weight versions -> rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from typing import Any
+
+from relax.config import RelaxConfig
+from relax.data.dataset import PromptRow, tokenize_prompt
+from relax.data.sample import Sample, SampleStatus
+from relax.engine.router import Router
+from relax.rewards.scorer import RewardScorer
+
+logger = logging.getLogger(__name__)
+
+FINISH_STATUS = {
+    "stop": SampleStatus.COMPLETED,
+    "length": SampleStatus.TRUNCATED,
+    "abort": SampleStatus.ABORTED,
+}
+
+
+class RolloutLoop:
+    def __init__(self, cfg: RelaxConfig, tokenizer: Any, router: Router, scorer: RewardScorer) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.router = router
+        self.scorer = scorer
+        self._prompt_cache: dict[int, list[int]] = {}
+        self.stop_token_ids = sorted(
+            {
+                t
+                for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+                if t is not None
+            }
+        )
+
+    def sampling_params(self) -> dict[str, Any]:
+        r = self.cfg.rollout
+        return {
+            "n": r.n_samples_per_prompt,
+            "max_new_tokens": r.max_new_tokens,
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "min_p": r.min_p,
+            "stop": list(r.stop),
+            "stop_token_ids": self.stop_token_ids,
+        }
+
+    def prompt_ids(self, row: PromptRow) -> list[int]:
+        if row.index not in self._prompt_cache:
+            d = self.cfg.data
+            ids = tokenize_prompt(self.tokenizer, row.prompt, d.apply_chat_template, d.system_prompt)
+            if len(ids) > d.max_prompt_len:
+                raise ValueError(
+                    f"prompt of row {row.index} has {len(ids)} tokens > data.max_prompt_len="
+                    f"{d.max_prompt_len}; raise data.max_prompt_len or shorten the prompt"
+                )
+            self._prompt_cache[row.index] = ids
+        return self._prompt_cache[row.index]
+
+    async def _generate_group(self, row: PromptRow, group_id: int) -> list[Sample]:
+        prompt_ids = self.prompt_ids(row)
+        outputs = await self.router.generate(prompt_ids, self.sampling_params())
+        if not isinstance(outputs, list):
+            outputs = [outputs]
+        samples = []
+        for k, out in enumerate(outputs):
+            samples.append(
+                Sample(
+                    index=row.index,
+                    prompt=row.prompt,
+                    label=row.label,
+                    metadata=dict(row.metadata),
+                    prompt_ids=list(prompt_ids),
+                    group_id=group_id,
+                    sample_id=k,
+                    response_ids=list(out.output_ids),
+                    response_text=out.text,
+                    loss_mask=[1] * len(out.output_ids),
+                    rollout_log_probs=list(out.output_log_probs),
+                    status=FINISH_STATUS.get(out.finish_reason, SampleStatus.COMPLETED),
+                    weight_versions=[int(out.weight_version)],
+                )
+            )
+        return samples
+
+    async def run(self, rows: list[PromptRow], step: int) -> tuple[list[Sample], dict[str, float]]:
+        base = step * len(rows)
+        groups = await asyncio.gather(*(self._generate_group(r, base + i) for i, r in enumerate(rows)))
+        samples = [s for g in groups for s in g]
+        for s in samples:
+            if not s.response_text and s.response_ids:
+                s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        reward_metrics = await self.scorer.score(samples)
+        return samples, {**rollout_metrics(samples, step), **reward_metrics}
+
+
+def rollout_metrics(samples: list[Sample], step: int) -> dict[str, float]:
+    rewards = [float(s.reward or 0.0) for s in samples]
+    lengths = [s.response_length for s in samples]
+    versions = [s.weight_version for s in samples]
+    return {
+        "rollout/reward_mean": statistics.fmean(rewards),
+        "rollout/reward_std": statistics.pstdev(rewards),
+        "rollout/response_len_mean": statistics.fmean(lengths),
+        "rollout/response_len_max": float(max(lengths)),
+        "rollout/truncated_frac": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
+        "rollout/num_samples": float(len(samples)),
+        # staleness: how many updates the trainer is ahead of the weights that generated a sample
+        "rollout/staleness_max": float(max(step - 1 - v for v in versions)),
+    }

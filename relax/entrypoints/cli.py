@@ -1,0 +1,141 @@
+"""The `relax` command line: train, doctor, tiny-model, data, engine."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from relax.utils.logging import setup_logging
+
+logger = logging.getLogger("relax")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from relax.config import ConfigError, load_config
+    from relax.orchestration.service import set_ray_env_defaults
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"relax train: {e}", file=sys.stderr)
+        return 2
+    set_ray_env_defaults()
+    from relax.orchestration.controller import Controller
+
+    step = Controller(cfg, resume=args.resume).run()
+    logger.info("done at step %d; run folder: %s", step, cfg.run.run_dir)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the resolved config (defaults filled in) or every field with its description."""
+    import yaml
+
+    from relax.config import ConfigError, load_config
+    from relax.config.schema import RelaxConfig
+
+    if args.describe:
+        for line in _describe(RelaxConfig):
+            print(line)
+        return 0
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"relax config: {e}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
+def _describe(model, prefix: str = "") -> list[str]:
+    from pydantic import BaseModel
+
+    lines = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            lines += _describe(ann, f"{prefix}{name}.")
+        else:
+            default = (
+                "required" if field.is_required() else repr(field.get_default(call_default_factory=True))
+            )
+            lines.append(f"{prefix}{name} = {default}  # {field.description or ''}")
+    return lines
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from relax.models.tiny import count_parameters, write_tiny_model
+
+    path = write_tiny_model(args.out, family=args.family, seed=args.seed)
+    from transformers import AutoModelForCausalLM
+
+    n = count_parameters(AutoModelForCausalLM.from_pretrained(path))
+    print(f"wrote tiny {args.family} model ({n / 1e6:.2f} M parameters) to {path}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from relax.data.toy import generate_arith
+
+    path = generate_arith(args.out, n=args.n, max_digit=args.max_digit, seed=args.seed)
+    print(f"wrote {args.n} arithmetic prompts to {path}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from relax.entrypoints.doctor import run_doctor
+
+    return run_doctor(check_ray=not args.no_ray)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous RL post-training for LLMs.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train with a config file and dotted overrides")
+    t.add_argument("config", help="YAML config file (see examples/)")
+    t.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-4 rollout.n_samples_per_prompt=8"
+    )
+    t.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    t.set_defaults(fn=cmd_train)
+
+    c = sub.add_parser("config", help="print the resolved config, or describe every field")
+    c.add_argument("config", nargs="?", help="YAML config file")
+    c.add_argument("overrides", nargs="*", help="dotted overrides")
+    c.add_argument("--describe", action="store_true", help="list every field with its default and meaning")
+    c.set_defaults(fn=cmd_config)
+
+    m = sub.add_parser("tiny-model", help="write a randomly initialised tiny HF model folder")
+    m.add_argument("--out", required=True, help="output folder")
+    m.add_argument("--family", default="qwen2", help="model family (qwen2, qwen3, ...)")
+    m.add_argument("--seed", type=int, default=0)
+    m.set_defaults(fn=cmd_tiny_model)
+
+    d = sub.add_parser("data", help="generate a toy prompt data set")
+    d.add_argument("task", choices=["arith"], help="toy task")
+    d.add_argument("--out", required=True, help="output .jsonl or .parquet file")
+    d.add_argument("--n", type=int, default=1000, help="rows")
+    d.add_argument("--max-digit", type=int, default=4, help="largest operand")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(fn=cmd_data)
+
+    doc = sub.add_parser("doctor", help="what is installed, which engines/backends work, what Ray sees")
+    doc.add_argument("--no-ray", action="store_true", help="skip starting a local Ray to inspect it")
+    doc.set_defaults(fn=cmd_doctor)
+
+    from relax.entrypoints.engine_cmd import add_engine_parser
+
+    add_engine_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""`relax doctor`: what is installed, which engines and backends are usable here, what Ray sees."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+
+PACKAGES = [
+    ("torch", "training backend, embedded engine"),
+    ("transformers", "model classes"),
+    ("ray", "cluster and Serve deployments"),
+    ("pydantic", "configuration"),
+    ("tensorboard", "metrics sink"),
+    ("math-verify", "math reward (optional: relax[math])"),
+    ("transferqueue", "streaming data plane (optional: relax[async])"),
+    ("wandb", "metrics sink (optional: relax[metrics])"),
+    ("apprise", "notifications (optional: relax[metrics])"),
+    ("peft", "LoRA (optional: relax[lora])"),
+    ("sglang", "SGLang engine on GPU clusters (optional: relax[sglang])"),
+]
+
+
+def _version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def run_doctor(check_ray: bool = True) -> int:
+    import torch
+
+    print(f"python      {platform.python_version()} on {platform.platform()}")
+    for name, role in PACKAGES:
+        v = _version(name)
+        print(f"{name:14s}{v or 'not installed':14s}{role}")
+    cuda = torch.cuda.is_available()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    print(
+        f"\ndevices     cpu threads={torch.get_num_threads()}" + (f", cuda: {gpus}" if cuda else ", no CUDA")
+    )
+    print("engines     embedded: usable" + (" (GPU)" if cuda else " (CPU)"))
+    print(
+        f"            sglang: {'usable' if _version('sglang') and cuda else 'not usable (needs sglang + CUDA)'}"
+    )
+    print(f"backends    torch (1 rank): usable; weight sync: {'nccl' if cuda else 'gloo'}")
+    if check_ray:
+        from relax.orchestration.service import set_ray_env_defaults
+
+        set_ray_env_defaults()
+        import ray
+
+        started = not ray.is_initialized()
+        if started:
+            ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        print(f"\nray         nodes={len(ray.nodes())} resources={ray.cluster_resources()}")
+        if started:
+            ray.shutdown()
+    return 0

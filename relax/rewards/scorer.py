@@ -1,0 +1,209 @@
+"""Scoring a batch of samples: route each to its reward, run the calls concurrently under limits, and
+never let one bad sample (a raising or hanging reward) fail the batch.
+
+``RewardScorer`` is a plain class built from a ``RewardConfig``; it pickles as its config alone, so a
+Ray worker pool (a Serve deployment) can be handed the config, build the scorer inside the worker and
+call ``await scorer.score(samples)``; the workers' ``RewardStats`` add up with ``merge``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.data.sample import Sample
+from relax.rewards.config import RewardConfig
+from relax.rewards.registry import RewardSpec, resolve_reward
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardStats:
+    """Counters of one or more ``score`` calls. ``as_metrics`` gives them as ``reward/...`` metrics."""
+
+    samples: int = 0  # samples scored (including those given the fallback reward)
+    failures: int = 0  # samples whose reward function raised (or returned an unusable result)
+    timeouts: int = 0  # samples whose reward function ran past timeout_s
+    calls: int = 0  # reward function calls (one per sample, or one per group for group rewards)
+    latency_sum_s: float = 0.0  # summed wall time of the calls, seconds
+    latency_max_s: float = 0.0  # slowest call, seconds
+    counts: dict[str, int] = field(default_factory=dict)  # samples per reward type
+
+    def merge(self, other: RewardStats) -> RewardStats:
+        """The sum of two stats (e.g. from several scoring workers)."""
+        counts = dict(self.counts)
+        for rm_type, n in other.counts.items():
+            counts[rm_type] = counts.get(rm_type, 0) + n
+        return RewardStats(
+            samples=self.samples + other.samples,
+            failures=self.failures + other.failures,
+            timeouts=self.timeouts + other.timeouts,
+            calls=self.calls + other.calls,
+            latency_sum_s=self.latency_sum_s + other.latency_sum_s,
+            latency_max_s=max(self.latency_max_s, other.latency_max_s),
+            counts=counts,
+        )
+
+    def as_metrics(self) -> dict[str, float]:
+        """``reward/samples``, ``reward/failures``, ``reward/timeouts``, ``reward/calls``,
+        ``reward/latency_mean_s``, ``reward/latency_max_s`` and ``reward/count/<type>`` per type."""
+        metrics = {
+            "reward/samples": float(self.samples),
+            "reward/failures": float(self.failures),
+            "reward/timeouts": float(self.timeouts),
+            "reward/calls": float(self.calls),
+            "reward/latency_mean_s": self.latency_sum_s / self.calls if self.calls else 0.0,
+            "reward/latency_max_s": self.latency_max_s,
+        }
+        metrics.update({f"reward/count/{t}": float(n) for t, n in sorted(self.counts.items())})
+        return metrics
+
+
+def _to_reward(result: Any, reward_key: str) -> tuple[float, dict[str, float]]:
+    """(reward, metrics) from a number or a dict result; raises on anything unusable or non-finite."""
+    info: dict[str, float] = {}
+    if isinstance(result, dict):
+        if reward_key not in result:
+            raise KeyError(f"reward result has no {reward_key!r} entry: {sorted(result)}")
+        value = result[reward_key]
+        for key, extra in result.items():
+            if key != reward_key and isinstance(extra, (int, float)):
+                info[str(key)] = float(extra)
+    else:
+        value = result
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"reward must be a number, got {type(value).__name__}: {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"reward is not finite: {value!r}")
+    return float(value), info
+
+
+class RewardScorer:
+    """Scores samples with the rewards a ``RewardConfig`` selects."""
+
+    def __init__(self, cfg: RewardConfig) -> None:
+        self.cfg = cfg
+        self._specs: dict[str, RewardSpec] = {cfg.name: resolve_reward(cfg.name)}
+        self._pool: ThreadPoolExecutor | None = None  # runs sync reward functions; built on first use
+        self._sem: asyncio.Semaphore | None = None  # bounds calls in flight; one per event loop
+        self._sem_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- pickling: only the config travels; pools and semaphores are rebuilt where it lands --
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["cfg"])  # type: ignore[misc]
+
+    def close(self) -> None:
+        """Release the worker threads (without waiting for calls that timed out to finish)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def reward_type(self, sample: Sample) -> str:
+        """The reward name or import path for ``sample``: its row's ``metadata[per_row_key]`` or the default."""
+        key = self.cfg.per_row_key
+        chosen = sample.metadata.get(key) if key else None
+        return str(chosen) if chosen else self.cfg.name
+
+    def spec(self, rm_type: str) -> RewardSpec:
+        """The resolved reward for ``rm_type`` (cached). An unknown name raises: it is a data error."""
+        if rm_type not in self._specs:
+            self._specs[rm_type] = resolve_reward(rm_type)
+        return self._specs[rm_type]
+
+    async def score(self, samples: list[Sample]) -> RewardStats:
+        """Fill ``reward`` and ``reward_info`` of every sample; return what happened as ``RewardStats``."""
+        stats = RewardStats(samples=len(samples))
+        jobs: list[tuple[str, list[Sample]]] = []  # (reward type, samples of one call)
+        groups: dict[tuple[str, int], list[Sample]] = {}
+        for sample in samples:
+            rm_type = self.reward_type(sample)
+            stats.counts[rm_type] = stats.counts.get(rm_type, 0) + 1
+            if self.spec(rm_type).kind == "group":
+                if (rm_type, sample.group_id) not in groups:
+                    groups[(rm_type, sample.group_id)] = []
+                    jobs.append((rm_type, groups[(rm_type, sample.group_id)]))
+                groups[(rm_type, sample.group_id)].append(sample)
+            else:
+                jobs.append((rm_type, [sample]))
+        await asyncio.gather(*(self._run(rm_type, batch, stats) for rm_type, batch in jobs))
+        return stats
+
+    def score_sync(self, samples: list[Sample]) -> RewardStats:
+        """``score`` for callers without an event loop (raises inside a running loop: await ``score``)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.score(samples))
+        raise RuntimeError("score_sync called inside a running event loop; use `await scorer.score(...)`")
+
+    async def _run(self, rm_type: str, batch: list[Sample], stats: RewardStats) -> None:
+        """One reward call for ``batch`` (one sample, or one group), with timeout and fallback."""
+        spec = self.spec(rm_type)
+        arg: Sample | list[Sample] = batch if spec.kind == "group" else batch[0]
+        reward_key = spec.reward_key or self.cfg.reward_key
+        async with self._semaphore():
+            start = time.perf_counter()
+            try:
+                result = await asyncio.wait_for(
+                    self._call(spec, arg, self.cfg.kwargs_for(rm_type)), self.cfg.timeout_s
+                )
+                results = self._check_group(result, len(batch)) if spec.kind == "group" else [result]
+                scored = [_to_reward(r, reward_key) for r in results]
+            except ImportError:
+                raise  # a missing package is a setup error, not a bad sample
+            except asyncio.TimeoutError:
+                stats.timeouts += len(batch)
+                logger.warning(
+                    "reward %r timed out after %.3gs for sample index=%s; reward := %s",
+                    rm_type, self.cfg.timeout_s, [s.index for s in batch], self.cfg.fallback_reward,
+                )  # fmt: skip
+                scored = [(self.cfg.fallback_reward, {}) for _ in batch]
+            except Exception as e:
+                stats.failures += len(batch)
+                logger.warning(
+                    "reward %r failed for sample index=%s: %r; reward := %s",
+                    rm_type, [s.index for s in batch], e, self.cfg.fallback_reward, exc_info=e,
+                )  # fmt: skip
+                scored = [(self.cfg.fallback_reward, {}) for _ in batch]
+            finally:
+                elapsed = time.perf_counter() - start
+                stats.calls += 1
+                stats.latency_sum_s += elapsed
+                stats.latency_max_s = max(stats.latency_max_s, elapsed)
+        for sample, (reward, info) in zip(batch, scored, strict=True):
+            sample.reward = reward
+            sample.reward_info = info
+
+    async def _call(self, spec: RewardSpec, arg: Sample | list[Sample], kwargs: dict[str, Any]) -> Any:
+        if spec.is_async:
+            return await spec.fn(arg, **kwargs)
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.cfg.max_concurrency, thread_name_prefix="relax-reward")
+        result = await loop.run_in_executor(self._pool, functools.partial(spec.fn, arg, **kwargs))
+        return await result if inspect.isawaitable(result) else result
+
+    @staticmethod
+    def _check_group(result: Any, n: int) -> list[Any]:
+        if not isinstance(result, (list, tuple)) or len(result) != n:
+            got = len(result) if isinstance(result, (list, tuple)) else type(result).__name__
+            raise ValueError(f"a group reward must return a list of {n} results, got {got}")
+        return list(result)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        # asyncio primitives belong to one event loop; score_sync runs a fresh loop on each call.
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem_loop is not loop:
+            self._sem, self._sem_loop = asyncio.Semaphore(self.cfg.max_concurrency), loop
+        return self._sem

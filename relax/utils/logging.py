@@ -1,0 +1,17 @@
+"""Logging set-up for the command line: one format, INFO by default, quiet third-party loggers."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+
+def setup_logging(level: str | None = None) -> None:
+    level = level or os.environ.get("RELAX_LOG_LEVEL", "INFO")
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "ray.serve", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

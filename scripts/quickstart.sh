@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up a virtual environment, write the tiny model and the toy data, and train with GRPO on CPU.
+# Extra arguments are config overrides, e.g.: bash scripts/quickstart.sh trainer.num_steps=20
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch is pinned to the CPU build on CPU-only hosts; an unpinned torch would pull a multi-GB CUDA build.
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q torch==2.13.0 -e .
+[ -f .relax/assets/tiny-qwen2/config.json ] || .venv/bin/relax tiny-model --family qwen2 --out .relax/assets/tiny-qwen2
+[ -f .relax/assets/arith_train.jsonl ] || .venv/bin/relax data arith --out .relax/assets/arith_train.jsonl --n 2000
+exec .venv/bin/relax train examples/quickstart.yaml "$@"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up a virtual environment with the test extras and run the whole test suite (slow tests included).
+# Extra arguments go to pytest, e.g.: bash scripts/test.sh -m "not slow"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q torch==2.13.0 -e '.[test]'
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled
+.venv/bin/ruff check relax tests benchmarks
+set +e
+.venv/bin/pytest -ra "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing on purpose" >&2
+  exit 1
+fi
+exit "$rc"

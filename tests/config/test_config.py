@@ -1,0 +1,91 @@
+"""Config loading: YAML + dotted overrides, errors that name the key and the fix, resolved config dump."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from relax.config import ConfigError, dump_config, load_config
+from relax.config.loader import parse_override
+
+BASE = {"model": {"path": "m"}, "data": {"train_files": ["d.jsonl"]}}
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(BASE))
+    return p
+
+
+def test_defaults_and_overrides(cfg_file):
+    cfg = load_config(
+        cfg_file, ["algorithm.name=grpo", "rollout.n_samples_per_prompt=4", "rollout.stop=[a, b]"]
+    )
+    assert cfg.rollout.n_samples_per_prompt == 4
+    assert cfg.rollout.stop == ["a", "b"]
+    assert cfg.algorithm.name == "grpo"
+    assert cfg.trainer.num_steps == 100
+
+
+def test_override_value_types():
+    assert parse_override("trainer.lr=1e-4") == (["trainer", "lr"], 1e-4)
+    assert parse_override("run.name=abc") == (["run", "name"], "abc")
+    assert parse_override("resources.ray_address=null") == (["resources", "ray_address"], None)
+    with pytest.raises(ConfigError, match="key.path=value"):
+        parse_override("trainer.lr")
+
+
+def test_unknown_key_suggests_close_match(cfg_file):
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg_file, ["rollout.n_sample_per_prompt=8"])
+    msg = str(e.value)
+    assert "unknown key 'rollout.n_sample_per_prompt'" in msg
+    assert "Did you mean 'rollout.n_samples_per_prompt'" in msg
+
+
+def test_unknown_section(cfg_file):
+    with pytest.raises(ConfigError, match="unknown key 'trainr'.*Valid keys here: .*trainer"):
+        load_config(cfg_file, ["trainr.lr=1"])
+
+
+def test_invalid_values_name_accepted_ones(cfg_file):
+    with pytest.raises(ConfigError, match="resources.mode: Input should be 'colocate'"):
+        load_config(cfg_file, ["resources.mode=fast"])
+    with pytest.raises(ConfigError, match="trainer.lr: Input should be greater than 0"):
+        load_config(cfg_file, ["trainer.lr=-1"])
+    with pytest.raises(ConfigError, match="valid names: .*grpo"):
+        load_config(cfg_file, ["algorithm.name=grpp"])
+    with pytest.raises(ConfigError, match="first_number"):
+        load_config(cfg_file, ["reward.name=nope"])
+
+
+def test_cross_section_checks(cfg_file):
+    with pytest.raises(ConfigError, match="on-policy only"):
+        load_config(cfg_file, ["algorithm.name=rloo", "resources.max_staleness=1"])
+    with pytest.raises(ConfigError, match="n_samples_per_prompt >= 2"):
+        load_config(cfg_file, ["rollout.n_samples_per_prompt=1"])
+    with pytest.raises(ConfigError, match="engine_urls"):
+        load_config(cfg_file, ["rollout.engine=external"])
+
+
+def test_missing_required_and_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"model": {"path": "m"}}))
+    with pytest.raises(ConfigError, match="missing required key 'data'"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    p.write_text("model: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config(None, ["model=1", "model.path=2"])
+
+
+def test_dump_round_trip(cfg_file, tmp_path):
+    cfg = load_config(cfg_file, ["trainer.lr=0.01"])
+    out = tmp_path / "resolved.yaml"
+    dump_config(cfg, out)
+    again = load_config(out)
+    assert again == cfg
