@@ -79,7 +79,7 @@ class RolloutRole:
     def load(self, path: str) -> None:
         self.source.load_state_dict(json.loads(Path(path).read_text())["source"])
 
-    async def shutdown(self) -> None:
+    async def stop_engines(self) -> None:
         await self.router.close()
         if self.engine_group is not None:
             await asyncio.to_thread(self.engine_group.stop)

@@ -47,21 +47,10 @@ class WeightPublisher:
         """Form the weight-sync group with the engines at `urls` (each joins through its HTTP API)."""
         await self.close()
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        address, port, world = node_ip(), free_port(), 1 + len(urls)
         self.clients = [EngineClient(u) for u in urls]
-        joins = [
-            c.init_weights_update_group(
-                master_address=address,
-                master_port=port,
-                rank_offset=1 + i,
-                world_size=world,
-                group_name=self.group_name,
-                backend=backend,
-            )
-            for i, c in enumerate(self.clients)
-        ]
-        group_task = asyncio.to_thread(weight_sync.create_group, address, port, 0, world, backend)
-        self.group, *_ = await asyncio.gather(group_task, *joins)
+        self.group = await weight_sync.init_weight_sync(
+            self.clients, node_ip(), free_port(), backend=backend, group_name=self.group_name
+        )
         logger.info("weight-sync group %s: trainer + %d engines (%s)", self.group_name, len(urls), backend)
 
     async def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:

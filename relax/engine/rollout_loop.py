@@ -97,7 +97,7 @@ class RolloutLoop:
         for s in samples:
             if not s.response_text and s.response_ids:
                 s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        reward_metrics = await self.scorer.score(samples)
+        reward_metrics = (await self.scorer.score(samples)).as_metrics()
         return samples, {**rollout_metrics(samples, step), **reward_metrics}
 
 

@@ -70,7 +70,7 @@ class Controller:
     def _shutdown(self) -> None:
         try:
             if "rollout" in self.handles:
-                self.rollout.shutdown.remote().result(timeout_s=60)
+                self.rollout.stop_engines.remote().result(timeout_s=60)
         except Exception:  # noqa: BLE001 - best effort on the way out
             logger.exception("rollout shutdown failed")
         service.shutdown(stop_ray=self.cfg.resources.ray_address is None)
@@ -84,7 +84,7 @@ class Controller:
         try:
             while step < cfg.trainer.num_steps and not self.stop_requested:
                 times: dict[str, float] = {}
-                with timer("step", times):
+                with timer("step_time", times):
                     with timer("rollout", times):
                         rollout = self.rollout.generate.remote(step + 1).result()
                     with timer("train", times):

@@ -1,0 +1,242 @@
+"""`EngineClient`: the async HTTP client of an inference engine, for the embedded engine and for SGLang
+servers alike (it sends only SGLang's native field names; see `protocol.py`).
+
+Errors: an engine that does not answer (refused connection, timeout, dropped connection) raises
+`EngineUnavailableError` naming the URL and what to check; an answer with status >= 400 raises
+`EngineRequestError` carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """Base of the client's errors."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine did not answer."""
+
+
+class EngineRequestError(EngineError):
+    """The engine answered with an error status; `status` and `message` are the server's."""
+
+    def __init__(self, url: str, status: int, message: str) -> None:
+        super().__init__(f"{url} answered {status}: {message}")
+        self.url, self.status, self.message = url, status, message
+
+
+@dataclass
+class GenerateOutput:
+    """One generated sample."""
+
+    output_ids: list[int]  # generated token ids (a matched stop token included)
+    output_log_probs: list[float]  # log-prob of each output token under the sampler ([] if not asked)
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: str | None  # version of the weights when the sample finished
+    text: str = ""  # decoded output ("" when the engine has no tokenizer)
+    matched: int | str | None = None  # stop token id or stop string that ended it
+    prompt_tokens: int = 0
+    rid: str | None = None
+    meta_info: dict[str, Any] = field(default_factory=dict, repr=False)  # the raw meta_info
+
+    @classmethod
+    def from_json(cls, item: dict[str, Any]) -> GenerateOutput:
+        meta = item.get("meta_info", {})
+        finish = meta.get("finish_reason") or {}
+        logprobs = meta.get("output_token_logprobs") or []
+        version = meta.get("weight_version")
+        return cls(
+            output_ids=list(item.get("output_ids") or [lp[1] for lp in logprobs]),
+            output_log_probs=[float(lp[0]) for lp in logprobs],
+            finish_reason=finish.get("type", "stop") if isinstance(finish, dict) else str(finish),
+            weight_version=None if version is None else str(version),
+            text=item.get("text") or "",
+            matched=finish.get("matched") if isinstance(finish, dict) else None,
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            rid=meta.get("id"),
+            meta_info=meta,
+        )
+
+
+class EngineClient:
+    def __init__(self, base_url: str, timeout_s: float = 300.0, connect_timeout_s: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        # An httpx.AsyncClient is bound to the event loop it first ran on; make one per loop.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout)
+            self._loop = loop
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            try:
+                await self._client.aclose()
+            except RuntimeError:  # its loop is gone
+                pass
+            self._client = None
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _request(
+        self, method: str, path: str, body: dict | None = None, timeout: float | None = None
+    ) -> httpx.Response:
+        url = f"{self.base_url}{path}"
+        kwargs: dict[str, Any] = {} if body is None else {"json": body}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        try:
+            resp = await self._http().request(method, path, **kwargs)
+        except httpx.TimeoutException as e:
+            raise EngineUnavailableError(
+                f"inference engine at {url} did not answer in time ({type(e).__name__}); check that it is running "
+                "and not overloaded, or raise the client's timeout_s"
+            ) from e
+        except httpx.TransportError as e:
+            raise EngineUnavailableError(
+                f"inference engine at {url} is unreachable ({type(e).__name__}: {e}); check that the engine "
+                "process is running and listening on that host and port"
+            ) from e
+        if resp.status_code >= 400:
+            raise EngineRequestError(url, resp.status_code, _error_message(resp))
+        return resp
+
+    # -- generation -----------------------------------------------------------------------------
+    async def generate(
+        self,
+        input_ids: list[int] | list[list[int]],
+        sampling_params: dict[str, Any] | None = None,
+        rid: str | list[str] | None = None,
+        return_logprob: bool = True,
+    ) -> GenerateOutput | list[GenerateOutput]:
+        """Generate for one prompt (a `GenerateOutput`) or, with a batch of prompts or `n > 1`, a list
+        grouped by prompt (prompt 0's samples first)."""
+        body: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params or {},
+            "return_logprob": return_logprob,
+        }
+        if rid is not None:
+            body["rid"] = rid
+        data = (await self._request("POST", "/generate", body)).json()
+        if isinstance(data, list):
+            return [GenerateOutput.from_json(d) for d in data]
+        return GenerateOutput.from_json(data)
+
+    # -- state ----------------------------------------------------------------------------------
+    async def health(self, timeout_s: float | None = 10.0) -> bool:
+        """True when the engine answers `/health` (raises `EngineUnavailableError` when it does not)."""
+        await self._request("GET", "/health", timeout=timeout_s)
+        return True
+
+    async def model_info(self) -> dict[str, Any]:
+        return (await self._request("GET", "/get_model_info")).json()
+
+    async def metrics_text(self) -> str:
+        return (await self._request("GET", "/metrics")).text
+
+    async def pause(self, mode: str = "retract") -> None:
+        """Stop generating; returns once paused. `retract` (default) keeps requests and recomputes their
+        KV cache on resume; `in_place` keeps the cache; `abort` ends every request."""
+        await self._request("POST", "/pause_generation", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._request("POST", "/continue_generation", {})
+
+    async def flush_cache(self) -> None:
+        await self._request("POST", "/flush_cache")
+
+    async def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        await self._request("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
+
+    async def slow_down(self, forward_sleep_time: float | None) -> None:
+        """Make the engine sleep this long after every step (None = full speed); for tests."""
+        await self._request("POST", "/slow_down", {"forward_sleep_time": forward_sleep_time})
+
+    # -- weights --------------------------------------------------------------------------------
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> dict[str, Any]:
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return _checked(
+            self.base_url, (await self._request("POST", "/init_weights_update_group", body)).json()
+        )
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> dict[str, Any]:
+        body = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "weight_version": weight_version,
+        }
+        return _checked(
+            self.base_url, (await self._request("POST", "/update_weights_from_distributed", body)).json()
+        )
+
+    async def update_weights_from_disk(self, path: str, weight_version: str | None = None) -> dict[str, Any]:
+        body = {"model_path": str(path), "weight_version": weight_version}
+        return _checked(
+            self.base_url, (await self._request("POST", "/update_weights_from_disk", body)).json()
+        )
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text.strip() or resp.reason_phrase
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        for key in ("message", "detail", "error"):
+            if key in data:
+                return str(data[key])
+    return str(data)
+
+
+def _checked(url: str, data: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(data, dict) and data.get("success") is False:
+        raise EngineRequestError(url, 200, str(data.get("message")))
+    return data

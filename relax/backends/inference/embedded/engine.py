@@ -1,0 +1,356 @@
+"""The embedded engine: a `ModelRunner` and a `Scheduler` driven by one background thread.
+
+Every change to the engine's state (new requests, abort, pause, weight loads) is a command that the
+engine thread runs between two steps, so the model and the batch need no locks and a command that
+returns has taken effect: `pause()` returns once no step is running and none will start.
+
+    engine = EmbeddedEngine("path/to/model").start()
+    results = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=8, n=2))
+    engine.shutdown()
+
+Receiving weights over a process group happens in the caller's thread (generation goes on meanwhile);
+only the copy into the model is a command.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import secrets
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relax.backends.inference.embedded.runner import ModelRunner
+from relax.backends.inference.embedded.scheduler import Scheduler
+from relax.backends.inference.embedded.sequence import GenerationResult, RequestGroup
+from relax.backends.inference.protocol import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineMetrics:
+    num_running: int  # sequences in the running batch
+    num_waiting: int  # sequences queued for admission
+    gen_throughput: float  # generated tokens per second over the last few seconds
+    kv_tokens: int  # tokens held in the KV cache
+    kv_capacity: int  # max_total_tokens
+    generated_tokens_total: int
+    prompt_tokens_total: int
+    requests_total: int
+    weight_version: str
+    paused: bool
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_tokens / max(self.kv_capacity, 1)
+
+
+class EmbeddedEngine:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+        max_running: int = 64,
+        max_total_tokens: int = 262144,
+        max_prefill_tokens: int = 16384,
+        max_context_len: int | None = None,
+        seed: int | None = None,
+        threads: int | None = None,
+        weight_version: str = "0",
+        attn_implementation: str | None = "sdpa",
+    ) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.runner = ModelRunner(
+            model_path,
+            device=device,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            weight_version=weight_version,
+        )
+        self.max_context_len = min(
+            max_context_len or self.runner.max_context_len, self.runner.max_context_len
+        )
+        self.scheduler = Scheduler(
+            self.runner,
+            max_running=max_running,
+            max_total_tokens=max_total_tokens,
+            max_prefill_tokens=max_prefill_tokens,
+        )
+        self._seed_rng = random.Random(
+            seed if seed is not None else secrets.randbits(62)
+        )  # seeds of unseeded requests
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.paused = False
+        self.step_sleep_s = 0.0  # extra sleep after every step (`/slow_down`, for tests and debugging)
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
+        self._totals = {"generated": 0, "prompt": 0, "requests": 0}
+        self._groups: dict[str, Any] = {}  # weight-sync groups by name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.runner.tokenizer
+
+    @property
+    def weight_version(self) -> str:
+        return self.runner.weight_version
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> EmbeddedEngine:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="relax-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        if self._thread is None:
+            return
+        if self.is_alive():
+            self._call(lambda: self.scheduler.abort(None, "engine shut down"))
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self._thread = None
+        for group in self._groups.values():
+            group.destroy()
+        self._groups.clear()
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            while not self._commands.empty():
+                fn, fut = self._commands.get()
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+            if self.paused or not self.scheduler.has_work():
+                self._wake.wait(timeout=1.0)
+                continue
+            try:
+                n = self.scheduler.step()
+            except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
+                logger.exception("engine step failed; failing every request in flight")
+                self.scheduler.fail_all(RuntimeError(f"engine step failed: {e!r}"))
+                continue
+            if self.step_sleep_s > 0:
+                time.sleep(self.step_sleep_s)
+            now = time.monotonic()
+            self._recent.append((now, n))
+            self._totals["generated"] += n
+            while self._recent and self._recent[0][0] < now - 5.0:
+                self._recent.popleft()
+        gone = RuntimeError("the engine was shut down")
+        self.scheduler.fail_all(gone)
+        while not self._commands.empty():
+            self._commands.get()[1].set_exception(gone)
+
+    def _post(self, fn: Callable[[], Any]) -> Future:
+        """Queue `fn` to run on the engine thread between two steps; the future holds its result."""
+        if not self.is_alive():
+            raise RuntimeError("the engine is not running (start() it, or it was shut down)")
+        fut: Future = Future()
+        self._commands.put((fn, fut))
+        self._wake.set()
+        return fut
+
+    def _call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `fn` on the engine thread between two steps and return its result."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        return self._post(fn).result(timeout=timeout)
+
+    # -- generation -----------------------------------------------------------------------------
+    def submit(
+        self,
+        input_ids: list[int],
+        params: SamplingParams | dict | None = None,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> Future:
+        """Queue one prompt; the future resolves with its n `GenerationResult`s. Raises `ValueError` on a
+        request the engine cannot serve."""
+        params = params if isinstance(params, SamplingParams) else SamplingParams(**(params or {}))
+        self.validate(input_ids, params)
+        group = RequestGroup(
+            rid=rid or uuid.uuid4().hex,
+            prompt=list(map(int, input_ids)),
+            params=params.model_copy(
+                update={"max_new_tokens": min(params.max_new_tokens, self.max_context_len - len(input_ids))}
+            ),
+            return_logprob=return_logprob,
+            tokenizer=self.tokenizer,
+            stop_ids=self._stop_ids(params),
+            max_context_len=self.max_context_len,
+        )
+        group.make_sequences(self.runner.device, self._seed_rng.getrandbits(62))
+        self._totals["requests"] += 1
+        self._totals["prompt"] += len(input_ids) * params.n
+        if group.params.max_new_tokens == 0:
+            for s in group.seqs:
+                s.finish = {"type": "length", "length": 0}
+            group.resolve(self.weight_version)
+            return group.future
+        self._post(lambda: self.scheduler.add(group))  # does not wait for the current step
+        return group.future
+
+    def generate(
+        self, input_ids: list[int], params: SamplingParams | dict | None = None, **kw: Any
+    ) -> list[GenerationResult]:
+        """Blocking `submit`."""
+        return self.submit(input_ids, params, **kw).result()
+
+    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+        if not input_ids:
+            raise ValueError("empty input: input_ids has no tokens")
+        if len(input_ids) >= self.max_context_len:
+            raise ValueError(
+                f"prompt has {len(input_ids)} tokens; the engine's context is {self.max_context_len} tokens "
+                "(it must leave room for at least one new token)"
+            )
+        bad = [t for t in input_ids if not 0 <= int(t) < self.runner.vocab_size]
+        if bad:
+            raise ValueError(
+                f"input_ids holds token ids outside the vocabulary [0, {self.runner.vocab_size}): {bad[:5]}"
+            )
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError(
+                "stop strings need a tokenizer and this model folder has none; use stop_token_ids"
+            )
+
+    def _stop_ids(self, params: SamplingParams) -> set[int]:
+        ids = set(params.stop_token_ids or [])
+        if not params.ignore_eos:
+            ids |= self.runner.eos_token_ids
+        return ids
+
+    # -- control --------------------------------------------------------------------------------
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
+        """End one request (all its samples) or every request; returns how many were ended."""
+        if rid is None and not abort_all:
+            return 0
+        return self._call(lambda: self.scheduler.abort(None if abort_all else rid))
+
+    def pause(self, mode: str = "in_place") -> None:
+        """Stop generating; returns once no step runs. `abort` ends every request, `retract` drops the KV
+        cache (recomputed on resume), `in_place` keeps it."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"unknown pause mode {mode!r}; use abort, retract or in_place")
+
+        def do() -> None:
+            self.paused = True
+            if mode == "abort":
+                self.scheduler.abort(None, "aborted by pause_generation")
+            elif mode == "retract":
+                self.scheduler.retract()
+
+        self._call(do)
+        logger.info("generation paused (%s)", mode)
+
+    def resume(self) -> None:
+        self._call(lambda: setattr(self, "paused", False))
+        logger.info("generation continued")
+
+    def flush_cache(self) -> bool:
+        """Nothing is cached across requests (no prefix cache), so there is nothing to flush."""
+        return True
+
+    # -- weights --------------------------------------------------------------------------------
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, Tensor]], weight_version: str | None = None
+    ) -> int:
+        """Copy tensors into the model between two steps; running requests continue on the new weights."""
+        items = list(named_tensors)
+        n = self._call(lambda: self.runner.load_weights(items, weight_version))
+        logger.info("loaded %d weights, version %s", n, self.weight_version)
+        return n
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> int:
+        from safetensors.torch import load_file
+
+        files = sorted(Path(model_path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors file in {model_path}")
+        tensors: dict[str, Tensor] = {}
+        for f in files:
+            tensors.update(load_file(str(f)))
+        return self.update_weights(tensors.items(), weight_version)
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        """Join the trainer's weight-sync group as rank `rank_offset`; blocks until every rank has joined."""
+        from relax.distributed.weight_sync import create_group
+
+        if group_name in self._groups:
+            self._groups.pop(group_name).destroy()
+        device = self.runner.device if backend == "nccl" else None
+        self._groups[group_name] = create_group(
+            master_address, master_port, rank_offset, world_size, backend, group_name, device=device
+        )
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        if group_name not in self._groups:
+            raise ValueError(f"no weight-sync group named {group_name!r}")
+        self._groups.pop(group_name).destroy()
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: str | None,
+    ) -> int:
+        """Receive the tensors from rank 0 of `group_name` (in this thread), then load them."""
+        if group_name not in self._groups:
+            raise ValueError(
+                f"no weight-sync group named {group_name!r}; call /init_weights_update_group first"
+            )
+        tensors = self._groups[group_name].receive(list(zip(names, dtypes, shapes, strict=True)))
+        return self.update_weights(tensors.items(), weight_version)
+
+    # -- introspection --------------------------------------------------------------------------
+    def metrics(self) -> EngineMetrics:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in list(self._recent) if t >= now - 5.0]
+        span = max(now - recent[0][0], 1e-3) if recent else 1.0
+        return EngineMetrics(
+            num_running=len(self.scheduler.running),
+            num_waiting=self.scheduler.num_waiting(),
+            gen_throughput=sum(n for _, n in recent) / span if recent else 0.0,
+            kv_tokens=self.scheduler.kv_tokens(),
+            kv_capacity=self.scheduler.max_total_tokens,
+            generated_tokens_total=self._totals["generated"],
+            prompt_tokens_total=self._totals["prompt"],
+            requests_total=self._totals["requests"],
+            weight_version=self.weight_version,
+            paused=self.paused,
+        )

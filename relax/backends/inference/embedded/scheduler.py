@@ -1,0 +1,173 @@
+"""Continuous batching: the waiting queue, the running batch and its KV cache, one step at a time.
+
+Each `step()` first admits waiting requests (one left-padded prefill for all of them; the n samples of a
+prompt share its prefill, the cache row copied n times; each samples its first token from the prefill's
+logits), merges them into the running batch, then runs one batched decode step over every running
+sequence. Sequences that finish leave the batch at once; their rows are dropped from the cache.
+
+Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
+prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
+is ever preempted) and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts
+does not stall decoding for long). A lone request is always admitted.
+
+Only the engine thread calls this class.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import torch
+
+from relax.backends.inference.embedded.kv_cache import PaddedKVCache
+from relax.backends.inference.embedded.runner import ModelRunner
+from relax.backends.inference.embedded.sampling import sample_tokens
+from relax.backends.inference.embedded.sequence import RequestGroup, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self, runner: ModelRunner, *, max_running: int, max_total_tokens: int, max_prefill_tokens: int
+    ):
+        self.runner = runner
+        self.max_running = max_running
+        self.max_total_tokens = max_total_tokens
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: deque[list[Sequence]] = (
+            deque()
+        )  # prefill units: the samples of one prompt, or one retracted
+        self.running: list[Sequence] = []  # row b of `cache` is running[b]
+        self.cache: PaddedKVCache | None = None
+        self.reserved = 0  # tokens reserved by the running sequences
+
+    # -- queue ----------------------------------------------------------------------------------
+    def add(self, group: RequestGroup) -> None:
+        self.waiting.append(list(group.seqs))
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def num_waiting(self) -> int:
+        return sum(len(u) for u in self.waiting)
+
+    def kv_tokens(self) -> int:
+        return sum(s.num_tokens - 1 for s in self.running)
+
+    def _reserve(self, seq: Sequence) -> int:
+        g = seq.group
+        return min(len(g.prompt) + g.params.max_new_tokens, g.max_context_len)
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self) -> int:
+        """Admit, then decode once; returns how many tokens were generated."""
+        generated = self._admit()
+        if self.running:
+            generated += self._decode()
+        return generated
+
+    def _take_units(self) -> list[list[Sequence]]:
+        units: list[list[Sequence]] = []
+        rows = len(self.running)
+        reserved = self.reserved
+        longest = 0
+        while self.waiting:
+            unit = [s for s in self.waiting[0] if s.finish is None]
+            if not unit:
+                self.waiting.popleft()
+                continue
+            need = sum(self._reserve(s) for s in unit)
+            length = max(longest, len(unit[0].prefill_ids()))
+            if units or self.running:
+                if rows + len(unit) > self.max_running or reserved + need > self.max_total_tokens:
+                    break
+                if (len(units) + 1) * length > self.max_prefill_tokens:
+                    break
+            self.waiting.popleft()
+            units.append(unit)
+            rows, reserved, longest = rows + len(unit), reserved + need, length
+        return units
+
+    def _admit(self) -> int:
+        units = self._take_units()
+        if not units:
+            return 0
+        cache, logits_UV = self.runner.prefill([u[0].prefill_ids() for u in units])
+        rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
+        seqs = [s for u in units for s in u]
+        fresh = [
+            k for k, s in enumerate(seqs) if not s.output_ids
+        ]  # retracted ones already hold a next token
+        if fresh:
+            idx = torch.tensor([rows[k] for k in fresh], device=logits_UV.device)
+            tokens, logprobs = sample_tokens(logits_UV.index_select(0, idx), [seqs[k].row for k in fresh])
+            for k, t, lp in zip(fresh, tokens, logprobs, strict=True):
+                seqs[k].append(t, lp)
+        alive = [k for k, s in enumerate(seqs) if s.finish is None]
+        self.cache = PaddedKVCache.concat([self.cache, cache.select([rows[k] for k in alive])])
+        for k in alive:
+            self.running.append(seqs[k])
+            self.reserved += self._reserve(seqs[k])
+        self._finalize([s for s in seqs if s.finish is not None])
+        return len(fresh)
+
+    def _decode(self) -> int:
+        running = self.running
+        tokens = [s.output_ids[-1] for s in running]
+        positions = [s.num_tokens - 1 for s in running]
+        cache, logits_BV = self.runner.decode(self.cache, tokens, positions)
+        new_tokens, logprobs = sample_tokens(logits_BV, [s.row for s in running])
+        for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
+            s.append(t, lp)
+        self.cache = cache
+        self._drop_finished()
+        return len(running)
+
+    # -- leaving the batch ----------------------------------------------------------------------
+    def _drop_finished(self) -> None:
+        alive = [b for b, s in enumerate(self.running) if s.finish is None]
+        if len(alive) == len(self.running):
+            return
+        finished = [s for s in self.running if s.finish is not None]
+        self.cache = self.cache.select(alive) if self.cache is not None else None
+        self.running = [self.running[b] for b in alive]
+        for s in finished:
+            self.reserved -= self._reserve(s)
+        self._finalize(finished)
+
+    def _finalize(self, finished: list[Sequence]) -> None:
+        for group in {id(s.group): s.group for s in finished}.values():
+            if group.done():
+                group.resolve(self.runner.weight_version)
+
+    def abort(self, rid: str | None, message: str = "aborted") -> int:
+        """End the matching requests (all when `rid` is None); they return what they have so far."""
+        hit: list[Sequence] = []
+        for s in [s for u in self.waiting for s in u] + self.running:
+            if s.finish is None and (rid is None or rid in (s.group.rid, s.rid)):
+                s.abort(message)
+                hit.append(s)
+        self.waiting = deque(u for u in self.waiting if any(s.finish is None for s in u))
+        self._drop_finished()
+        self._finalize(hit)
+        return len({id(s.group) for s in hit})
+
+    def retract(self) -> int:
+        """Move every running sequence back to the front of the queue, dropping the KV cache; they are
+        prefilled again (prompt + output so far) when admitted."""
+        n = len(self.running)
+        for s in reversed(self.running):
+            self.waiting.appendleft([s])
+        self.running, self.cache, self.reserved = [], None, 0
+        return n
+
+    def fail_all(self, error: BaseException) -> None:
+        """After an internal error: fail every request so no caller waits forever."""
+        groups = {id(s.group): s.group for s in [s for u in self.waiting for s in u] + self.running}
+        for g in groups.values():
+            if not g.future.done():
+                g.future.set_exception(error)
+        self.waiting.clear()
+        self.running, self.cache, self.reserved = [], None, 0

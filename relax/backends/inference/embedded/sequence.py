@@ -1,0 +1,139 @@
+"""Per-request state of the embedded engine: a `RequestGroup` (one prompt, n samples, one future) and its
+`Sequence`s (one per sample), the finish rules, and the `GenerationResult` handed back.
+
+Finish rules, checked after each sampled token, in order: a stop token (EOS unless `ignore_eos`, or one of
+`stop_token_ids`; the token is kept in `output_ids`), a stop string (needs the tokenizer; the tokens are
+kept, the text is cut before the string unless `no_stop_trim`), `max_new_tokens`, the context length.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from relax.backends.inference.embedded.sampling import RowParams, make_generator
+from relax.backends.inference.protocol import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationResult:
+    """One finished sample, in the shape `/generate` reports it."""
+
+    rid: str  # request id of this sample ("<rid>" for n = 1, "<rid>-<j>" for n > 1)
+    output_ids: list[int]  # generated tokens, stop token included
+    output_logprobs: list[float]  # log-prob of each generated token as the sampler saw it
+    finish_reason: dict[str, Any]  # SGLang shape: {"type": "stop", "matched": ...} | length | abort
+    prompt_tokens: int
+    weight_version: str  # the engine's weight version when the sample finished
+    text: str  # decoded output ("" without a tokenizer)
+    e2e_latency: float  # seconds from submission to finish
+
+
+class Sequence:
+    """One sample being generated. The cache holds prompt + outputs[:-1]; outputs[-1] is the next input."""
+
+    def __init__(self, group: RequestGroup, index: int, generator: torch.Generator | None) -> None:
+        self.group = group
+        self.index = index
+        self.rid = group.rid if group.params.n == 1 else f"{group.rid}-{index}"
+        p = group.params
+        self.row = RowParams(p.temperature, p.top_p, p.top_k, p.min_p, generator)
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish: dict[str, Any] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.group.prompt) + len(self.output_ids)
+
+    def prefill_ids(self) -> list[int]:
+        return self.group.prompt + self.output_ids[:-1]
+
+    def append(self, token: int, logprob: float) -> None:
+        self.output_ids.append(token)
+        self.logprobs.append(logprob)
+        g = self.group
+        if token in g.stop_ids:
+            self.finish = {"type": "stop", "matched": token}
+        elif g.stop_strings and (matched := self._matched_stop_string()) is not None:
+            self.finish = {"type": "stop", "matched": matched}
+        elif len(self.output_ids) >= g.params.max_new_tokens:
+            self.finish = {"type": "length", "length": g.params.max_new_tokens}
+        elif self.num_tokens >= g.max_context_len:
+            self.finish = {"type": "length", "length": len(self.output_ids)}
+
+    def _matched_stop_string(self) -> str | None:
+        window = self.output_ids[-self.group.stop_window :]
+        text = self.group.tokenizer.decode(window, skip_special_tokens=False)
+        return next((s for s in self.group.stop_strings if s in text), None)
+
+    def abort(self, message: str) -> None:
+        if self.finish is None:
+            self.finish = {"type": "abort", "message": message}
+
+
+@dataclass
+class RequestGroup:
+    """One prompt with its n samples; `future` resolves with their results once all have finished."""
+
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    return_logprob: bool
+    tokenizer: Any  # PreTrainedTokenizerBase | None
+    stop_ids: set[int]
+    max_context_len: int
+    future: Future = field(default_factory=Future)
+    created: float = field(default_factory=time.monotonic)
+    seqs: list[Sequence] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stop_strings = self.params.stop_strings
+        self.stop_window = max((len(s) for s in self.stop_strings), default=0) + 4  # tokens decoded per check
+
+    def make_sequences(self, device: torch.device, base_seed: int) -> list[Sequence]:
+        """The n samples. Sample j of a seeded request uses seed `sampling_seed + j`."""
+        p = self.params
+        for j in range(p.n):
+            gen = None
+            if p.temperature > 0:
+                seed = p.sampling_seed + j if p.sampling_seed is not None else base_seed + j
+                gen = make_generator(seed, device)
+            self.seqs.append(Sequence(self, j, gen))
+        return self.seqs
+
+    def done(self) -> bool:
+        return all(s.finish is not None for s in self.seqs)
+
+    def resolve(self, weight_version: str) -> None:
+        """Hand the results to the waiting caller (call once, when `done()`)."""
+        if self.future.done():
+            return
+        latency = time.monotonic() - self.created
+        results = [self._result(s, weight_version, latency) for s in self.seqs]
+        self.future.set_result(results)
+
+    def _result(self, seq: Sequence, weight_version: str, latency: float) -> GenerationResult:
+        text = ""
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=self.params.skip_special_tokens)
+            matched = seq.finish.get("matched") if seq.finish else None
+            if isinstance(matched, str) and not self.params.no_stop_trim and matched in text:
+                text = text[: text.index(matched)]
+        return GenerationResult(
+            rid=seq.rid,
+            output_ids=list(seq.output_ids),
+            output_logprobs=list(seq.logprobs) if self.return_logprob else [],
+            finish_reason=dict(seq.finish or {"type": "abort", "message": "unfinished"}),
+            prompt_tokens=len(self.prompt),
+            weight_version=weight_version,
+            text=text,
+            e2e_latency=latency,
+        )

@@ -1,0 +1,90 @@
+"""`relax engine serve`: run one embedded inference engine behind its SGLang-compatible HTTP server until
+SIGINT or SIGTERM, then end in-flight requests (finish reason abort) and exit 0.
+
+    relax engine serve --model DIR --host 127.0.0.1 --port 30000 [--dtype bfloat16] [--max-running 64]
+
+The main CLI calls `add_engine_parser(subparsers)`; the chosen command is `args.func(args) -> int`.
+`python -m relax.entrypoints.engine_cmd serve ...` works without the main CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `engine serve` to a `parser.add_subparsers()` object."""
+    engine = subparsers.add_parser("engine", help="Run an embedded inference engine server.")
+    sub = engine.add_subparsers(dest="engine_command", required=True)
+    serve = sub.add_parser("serve", help="Serve a model over the SGLang-compatible HTTP protocol.")
+    serve.add_argument(
+        "--model", required=True, help="Hugging Face model folder (config.json + safetensors)."
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="Address to listen on.")
+    serve.add_argument("--port", type=int, default=30000, help="Port to listen on (0 = any free port).")
+    serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present).")
+    serve.add_argument("--max-running", type=int, default=64, help="Max sequences decoded together.")
+    serve.add_argument("--max-total-tokens", type=int, default=262144, help="KV cache budget in tokens.")
+    serve.add_argument("--max-context-len", type=int, default=None, help="Cap on prompt + output tokens.")
+    serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU).")
+    serve.add_argument("--seed", type=int, default=None, help="Seed of requests without a sampling_seed.")
+    serve.add_argument("--weight-version", default="0", help="Weight version reported until an update.")
+    serve.set_defaults(func=serve_command)
+    return engine
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from relax.backends.inference.embedded.server import EngineServer
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        logger.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    server = EngineServer(
+        args.model,
+        host=args.host,
+        port=args.port,
+        dtype=args.dtype,
+        device=args.device,
+        max_running=args.max_running,
+        max_total_tokens=args.max_total_tokens,
+        max_context_len=args.max_context_len,
+        threads=args.threads,
+        seed=args.seed,
+        weight_version=args.weight_version,
+    )
+    try:
+        server.start()
+        logger.info("relax engine ready at %s", server.url)
+        while not stop.wait(timeout=1.0):
+            pass
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from relax.utils.logging import setup_logging
+
+    setup_logging()
+    parser = argparse.ArgumentParser(prog="relax")
+    add_engine_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["engine", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""Session-wide fixtures: one tiny model folder, one toy data file, one local Ray cluster."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from relax.models.tiny import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", family="qwen2")
+
+
+@pytest.fixture(scope="session")
+def arith_file(tmp_path_factory):
+    from relax.data.toy import generate_arith
+
+    return generate_arith(tmp_path_factory.mktemp("data") / "arith.jsonl", n=500)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster on 127.0.0.1 for the whole session (started once; roles share it)."""
+    import ray
+
+    from relax.orchestration.service import start_ray
+
+    start_ray(None, num_cpus=8, object_store_mb=1024)
+    yield
+    ray.shutdown()
