@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import RelaxConfig
 from relax.data.batch import TrainBatch, pad_ragged
 from relax.data.sample import Sample
+from relax.distributed.actor_group import TrainerGroup
 from relax.distributed.weight_publisher import WeightPublisher
 from relax.utils.timer import timer
 
@@ -34,16 +34,10 @@ class ActorRole:
         algo = cfg.algorithm
         spec = get_algorithm(algo.name)
         self.needs_reference = spec.needs_reference or algo.kl_coef > 0 or algo.reward_kl_coef > 0
-        self.trainer = TorchTrainer(
-            cfg.model.path,
-            cfg.trainer,
-            dtype=cfg.model.dtype,
-            total_steps=cfg.trainer.num_steps,
-            with_reference=self.needs_reference,
-            seed=cfg.run.seed,
-        )
+        self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
         self.loss_fn = make_policy_loss(cfg.algorithm)
         self.publisher = WeightPublisher()
+        self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
 
     # -- training ----------------------------------------------------------------------------
     async def train(self, samples: list[Sample]) -> dict[str, float]:
@@ -64,6 +58,7 @@ class ActorRole:
         metrics.update(adv_metrics)
         metrics.update(_mismatch_metrics(batch))
         metrics.update({k.replace("perf/", "perf/actor_"): v for k, v in times.items()})
+        metrics.update(self.sync_stats)  # the publish that gave the engines the weights of this rollout
         return metrics
 
     def _advantages(self, batch: TrainBatch) -> dict[str, float]:
@@ -85,14 +80,26 @@ class ActorRole:
 
     # -- weights -----------------------------------------------------------------------------
     async def connect_engines(self, urls: list[str]) -> None:
-        await self.publisher.connect(urls)
+        if isinstance(self.trainer, TrainerGroup):  # rank 0 of the group joins the engines' group
+            await asyncio.to_thread(self.trainer.connect_engines, urls)
+        else:
+            await self.publisher.connect(urls)
 
     async def push_weights(self) -> int:
         """Publish the current weights to every engine; returns the version they now report."""
         version = self.trainer.step
-        t0 = time.perf_counter()
-        await self.publisher.publish(self.trainer.named_weights(), version)
-        logger.debug("weights v%d published in %.3fs", version, time.perf_counter() - t0)
+        if isinstance(self.trainer, TrainerGroup):
+            mode = _sync_mode(self.cfg)
+            self.sync_stats = await asyncio.to_thread(
+                self.trainer.publish, version, mode, self.cfg.model.dtype
+            )
+            self.sync_stats.pop("tensors", None)
+        else:
+            named = list(self.trainer.named_weights())
+            seconds = await self.publisher.publish(named, version)
+            nbytes = sum(t.numel() * t.element_size() for _, t in named)
+            self.sync_stats = {"perf/weight_sync_bytes": float(nbytes), "perf/weight_publish_s": seconds}
+        logger.debug("weights v%d published: %s", version, self.sync_stats)
         return version
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -106,6 +113,28 @@ class ActorRole:
 
     def weight_version(self) -> int:
         return self.trainer.step
+
+
+def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | TrainerGroup:
+    """The in-process trainer for the 1-rank default; the FSDP rank group for fsdp, N ranks or LoRA."""
+    kwargs = {
+        "dtype": cfg.model.dtype,
+        "total_steps": cfg.trainer.num_steps,
+        "with_reference": with_reference,
+        "seed": cfg.run.seed,
+    }
+    if cfg.trainer.uses_group:
+        return TrainerGroup(cfg.model.path, cfg.trainer, **kwargs)
+    return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)
+
+
+def _sync_mode(cfg: RelaxConfig) -> str:
+    """What a publish sends: every weight; or for LoRA the adapters (engines that apply them) or the
+    merged adapted modules (engines that load plain weights by name: the embedded engine, `auto`)."""
+    lora = cfg.trainer.lora
+    if lora is None:
+        return "full"
+    return "adapter" if lora.sync == "adapter" else "merged"
 
 
 def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:

@@ -28,6 +28,7 @@ class Controller:
         self.resume = resume
         self.stop_requested = False
         self.handles: dict = {}
+        self._owns_ray = False
 
     # -- life cycle --------------------------------------------------------------------------
     def run(self) -> int:
@@ -57,7 +58,7 @@ class Controller:
 
     def _start_roles(self) -> None:
         r = self.cfg.resources
-        service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb)
+        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb)
         service.start_serve()
         for role in roles_for_mode(r.mode):
             self.handles[role.name] = service.deploy_role(
@@ -73,7 +74,7 @@ class Controller:
                 self.rollout.stop_engines.remote().result(timeout_s=60)
         except Exception:  # noqa: BLE001 - best effort on the way out
             logger.exception("rollout shutdown failed")
-        service.shutdown(stop_ray=self.cfg.resources.ray_address is None)
+        service.shutdown(stop_ray=self._owns_ray)
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self, start_step: int) -> int:

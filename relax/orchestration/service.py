@@ -21,13 +21,14 @@ def set_ray_env_defaults() -> None:
         os.environ.setdefault(k, v)
 
 
-def start_ray(address: str | None, num_cpus: int, object_store_mb: int) -> None:
-    """Join `address`, or start a local single-node Ray bound to 127.0.0.1."""
+def start_ray(address: str | None, num_cpus: int, object_store_mb: int) -> bool:
+    """Join `address`, or start a local single-node Ray bound to 127.0.0.1. Returns whether this call
+    connected (False when Ray was already initialised in this process, e.g. by a test session)."""
     set_ray_env_defaults()
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
@@ -38,6 +39,7 @@ def start_ray(address: str | None, num_cpus: int, object_store_mb: int) -> None:
             _node_ip_address="127.0.0.1",
         )
     logger.info("ray resources: %s", ray.cluster_resources())
+    return True
 
 
 def start_serve() -> None:

@@ -1,0 +1,78 @@
+"""Ctrl-C on `relax train` (SIGINT to the whole process group, as a terminal sends it) finishes the step,
+leaves a complete checkpoint, shuts Ray and the engines down, and `--resume` continues the numbering."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from relax.orchestration import checkpoint as ckpt
+
+pytestmark = pytest.mark.slow
+
+
+def _train(args, log):
+    env = {**os.environ, "RELAX_LOG_LEVEL": "INFO"}
+    cmd = [sys.executable, "-m", "relax.entrypoints.cli", "train", *args]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _ray_pids() -> set[str]:
+    out = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True)
+    return set(out.stdout.split())
+
+
+def test_ctrl_c_then_resume(tiny_model_dir, arith_file, tmp_path):
+    args = [
+        "-",
+        f"model.path={tiny_model_dir}",
+        f"data.train_files=[{arith_file}]",
+        f"run.output_dir={tmp_path}",
+        "run.name=sig",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=4",
+        "trainer.num_steps=1000",
+        "ops.checkpoint_interval=0",
+        "ops.progress=false",
+    ]
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("{}\n")
+    args[0] = str(cfg_file)
+    run_dir = tmp_path / "sig"
+    metrics = run_dir / "metrics.jsonl"
+    before = _ray_pids()
+    with open(tmp_path / "log1.txt", "w") as log:
+        proc = _train(args, log)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "log1.txt").read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "log1.txt").read_text()[-3000:]
+    found = ckpt.latest_checkpoint(run_dir)
+    assert found is not None
+    step = found[0]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, step + 1))
+    deadline = time.monotonic() + 30
+    while _ray_pids() - before and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _ray_pids() - before, "Ray processes left behind after Ctrl-C"
+
+    resume_args = [
+        a if not a.startswith("trainer.num_steps") else f"trainer.num_steps={step + 2}" for a in args
+    ]
+    with open(tmp_path / "log2.txt", "w") as log:
+        proc = _train([*resume_args, "--resume"], log)
+        assert proc.wait(timeout=300) == 0, (tmp_path / "log2.txt").read_text()[-3000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, step + 3))
