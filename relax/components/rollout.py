@@ -15,9 +15,10 @@ from pathlib import Path
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptSource, load_prompts
 from relax.data.sample import Sample
+from relax.engine.evaluator import Evaluator
 from relax.engine.rollout_loop import RolloutLoop
 from relax.engine.router import Router
-from relax.rewards.scorer import RewardScorer
+from relax.rewards import build_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ class RolloutRole:
             self.engine_group = EngineGroup(cfg.model.path, cfg.rollout.num_engines, engine_kwargs)
             urls = self.engine_group.urls
         self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
-        self.loop = RolloutLoop(cfg, self.tokenizer, self.router, RewardScorer(cfg.reward))
+        self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))
+        self.evaluator = Evaluator(cfg, self.loop)
 
     def engine_urls(self) -> list[str]:
         return self.router.urls()
@@ -71,6 +73,11 @@ class RolloutRole:
         rows = self.source.next_batch(self.cfg.rollout.prompts_per_step)
         samples, metrics = await self.loop.run(rows, step)
         return RolloutResult(samples, metrics)
+
+    async def evaluate(self, step: int, out_dir: str | None = None) -> dict[str, float]:
+        """Evaluate every configured held-out set on the engines' current weights; response samples go
+        to `out_dir` (default `<run_dir>/eval`)."""
+        return await self.evaluator.evaluate(step, Path(out_dir or self.cfg.run.run_dir / "eval"))
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: str) -> None:

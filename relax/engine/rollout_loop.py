@@ -64,9 +64,9 @@ class RolloutLoop:
             self._prompt_cache[row.index] = ids
         return self._prompt_cache[row.index]
 
-    async def _generate_group(self, row: PromptRow, group_id: int) -> list[Sample]:
+    async def _generate_group(self, row: PromptRow, group_id: int, params: dict[str, Any]) -> list[Sample]:
         prompt_ids = self.prompt_ids(row)
-        outputs = await self.router.generate(prompt_ids, self.sampling_params())
+        outputs = await self.router.generate(prompt_ids, params)
         if not isinstance(outputs, list):
             outputs = [outputs]
         samples = []
@@ -90,14 +90,24 @@ class RolloutLoop:
             )
         return samples
 
-    async def run(self, rows: list[PromptRow], step: int) -> tuple[list[Sample], dict[str, float]]:
-        base = step * len(rows)
-        groups = await asyncio.gather(*(self._generate_group(r, base + i) for i, r in enumerate(rows)))
+    async def generate(
+        self, rows: list[PromptRow], first_group_id: int, params: dict[str, Any], scorer: Any
+    ) -> tuple[list[Sample], dict[str, float]]:
+        """Generate one group per row with `params`, score with `scorer`; returns samples, reward metrics."""
+        groups = await asyncio.gather(
+            *(self._generate_group(r, first_group_id + i, params) for i, r in enumerate(rows))
+        )
         samples = [s for g in groups for s in g]
         for s in samples:
             if not s.response_text and s.response_ids:
                 s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        reward_metrics = (await self.scorer.score(samples)).as_metrics()
+        return samples, (await scorer.score(samples)).as_metrics()
+
+    async def run(self, rows: list[PromptRow], step: int) -> tuple[list[Sample], dict[str, float]]:
+        """One training step's rollout."""
+        samples, reward_metrics = await self.generate(
+            rows, step * len(rows), self.sampling_params(), self.scorer
+        )
         return samples, {**rollout_metrics(samples, step), **reward_metrics}
 
 

@@ -28,6 +28,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from relax.config import ConfigError, load_config
+    from relax.orchestration.eval_only import run_eval
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"relax eval: {e}", file=sys.stderr)
+        return 2
+    metrics = run_eval(cfg, args.checkpoint)
+    for k, v in sorted(metrics.items()):
+        print(f"{k:40s} {v:.4f}")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved config (defaults filled in) or every field with its description."""
     import yaml
@@ -101,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
     t.set_defaults(fn=cmd_train)
 
+    e = sub.add_parser("eval", help="evaluate a checkpoint or model folder on the config's eval sets")
+    e.add_argument("config", help="YAML config file with eval.sets")
+    e.add_argument("overrides", nargs="*", help="dotted overrides")
+    e.add_argument("--checkpoint", help="run checkpoint folder (checkpoints/step_N) or HF model folder")
+    e.set_defaults(fn=cmd_eval)
+
     c = sub.add_parser("config", help="print the resolved config, or describe every field")
     c.add_argument("config", nargs="?", help="YAML config file")
     c.add_argument("overrides", nargs="*", help="dotted overrides")
@@ -128,13 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.entrypoints.engine_cmd import add_engine_parser
 
     add_engine_parser(sub)
+    from relax.entrypoints.export_cmd import add_export_parser
+
+    add_export_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
-    args = build_parser().parse_args(argv)
-    return int(args.fn(args) or 0)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    fn = getattr(args, "fn", None) or getattr(args, "func", None)
+    if fn is None:
+        parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "--help"])
+    return int(fn(args) or 0)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,10 @@ class Controller:
         sinks = build_sinks(self.run_dir, cfg.ops.tensorboard, start_step if self.resume else None)
         progress = Progress(cfg.trainer.num_steps, start_step, enabled=cfg.ops.progress)
         step = start_step
+        ev = cfg.eval
         try:
+            if ev.sets and ev.before_train and step == 0:
+                sinks.log(0, self._evaluate(0))
             while step < cfg.trainer.num_steps and not self.stop_requested:
                 times: dict[str, float] = {}
                 with timer("step_time", times):
@@ -94,6 +97,9 @@ class Controller:
                         version = self._push_weights()
                 step += 1
                 metrics = {**rollout.metrics, **train_metrics, **times, "weight_version": version}
+                last = step == cfg.trainer.num_steps
+                if ev.sets and ((ev.interval and step % ev.interval == 0) or (last and ev.at_end)):
+                    metrics.update(self._evaluate(step))
                 sinks.log(step, metrics)
                 progress.update(step, metrics, log=step % cfg.ops.log_interval == 0)
                 interval = cfg.ops.checkpoint_interval
@@ -107,6 +113,12 @@ class Controller:
             progress.close()
             sinks.close()
         return step
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        times: dict[str, float] = {}
+        with timer("eval", times):
+            metrics = self.rollout.evaluate.remote(step).result()
+        return {**metrics, **times}
 
     def _push_weights(self) -> int:
         return self.actor.push_weights.remote().result()

@@ -298,8 +298,15 @@ class EngineServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
+        # Keep idle connections open longer than clients pool them (httpx: 5 s), so a client never
+        # reuses a connection the server is closing at that moment (a spurious ReadError).
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, loop="asyncio", lifespan="off"
+            self.app,
+            log_level="warning",
+            access_log=False,
+            loop="asyncio",
+            lifespan="off",
+            timeout_keep_alive=75,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -1,0 +1,59 @@
+"""`relax eval CONFIG --checkpoint PATH`: evaluate a checkpoint (a run's checkpoint folder or a Hugging Face
+model folder) on the config's eval sets, with no training. Only the Rollout role and its engines start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from relax.config import RelaxConfig
+from relax.orchestration import service
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_checkpoint(cfg: RelaxConfig, checkpoint: str | None) -> int:
+    """Point `cfg.model.path` at the weights to evaluate; returns the training step they belong to."""
+    if checkpoint is None:
+        return 0
+    path = Path(checkpoint)
+    if (path / "config.json").exists():
+        cfg.model.path = str(path)
+        return 0
+    if not path.is_dir():
+        raise FileNotFoundError(f"--checkpoint {path} is neither a model folder nor a run checkpoint folder")
+    from relax.entrypoints.export_cmd import export_checkpoint
+
+    meta = path / "meta.json"
+    step = json.loads(meta.read_text())["step"] if meta.exists() else 0
+    out = cfg.run.run_dir / "eval_only" / f"model_{path.name}"
+    export_checkpoint(path, cfg, out)
+    cfg.model.path = str(out)
+    return step
+
+
+def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
+    if not cfg.eval.sets:
+        raise ValueError("relax eval needs at least one eval set: add eval.sets to the config")
+    step = resolve_checkpoint(cfg, checkpoint)
+    out_dir = cfg.run.run_dir / "eval_only"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from relax.components.rollout import RolloutRole
+
+    owns_ray = service.start_ray(
+        cfg.resources.ray_address, cfg.resources.num_cpus, cfg.resources.object_store_mb
+    )
+    try:
+        service.start_serve()
+        rollout = service.deploy_role("rollout", RolloutRole, cfg)
+        try:
+            metrics = rollout.evaluate.remote(step, str(out_dir)).result()
+        finally:
+            rollout.stop_engines.remote().result(timeout_s=60)
+    finally:
+        service.shutdown(stop_ray=owns_ray)
+    with (out_dir / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"step": step, "checkpoint": checkpoint, **metrics}) + "\n")
+    return metrics
