@@ -74,6 +74,23 @@ class RolloutConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """LoRA through PEFT: only the adapters train; base weights stay frozen (trainer.backend=fsdp)."""
+
+    rank: int = Field(8, gt=0, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get adapters (PEFT `target_modules`).",
+    )
+    sync: Literal["auto", "adapter", "merged"] = Field(
+        "auto",
+        description="What weight sync sends: adapter tensors only, or merged base+adapter weights of the "
+        "adapted modules; `auto` = merged (the embedded engine loads plain weights by name).",
+    )
+
+
 class TrainerConfig(Section):
     num_steps: int = Field(100, gt=0, description="Training steps (one rollout batch and one update each).")
     lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
@@ -91,6 +108,29 @@ class TrainerConfig(Section):
     num_mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch.")
     threads: int = Field(2, gt=0, description="torch intra-op threads of the trainer (CPU).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Trainer device.")
+    backend: Literal["torch", "fsdp"] = Field(
+        "torch",
+        description="`torch`: one in-process rank; `fsdp`: FSDP2 over `num_ranks` Ray actors (gloo/NCCL).",
+    )
+    num_ranks: int = Field(1, gt=0, description="Training ranks (one Ray actor, and one GPU on GPU, each).")
+    cpus_per_rank: float = Field(1.0, gt=0, description="Logical Ray CPUs reserved per training rank.")
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "bf16", description="FSDP on GPU: bf16 compute over fp32 master weights, fp32 gradient reduction."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward (saves memory)."
+    )
+    publish_bucket_mb: int = Field(
+        256, gt=0, description="Weight-publish bucket size (MiB of gathered tensors)."
+    )
+    lora: LoraConfig | None = Field(
+        None, description="Train LoRA adapters instead of all weights (fsdp backend)."
+    )
+
+    @property
+    def uses_group(self) -> bool:
+        """Whether the Actor runs the FSDP rank group (any LoRA, more than one rank, or backend=fsdp)."""
+        return self.backend == "fsdp" or self.num_ranks > 1 or self.lora is not None
 
 
 class ResourcesConfig(Section):
@@ -111,6 +151,50 @@ class OpsConfig(Section):
     progress: bool = Field(True, description="Show a live progress bar.")
 
 
+class EvalSetConfig(Section):
+    """One held-out set: its own data, reward and sampling settings."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Set name; metrics go to eval/<name>/.")
+    files: list[str] = Field(..., min_length=1, description="Prompt files (.jsonl or .parquet).")
+    reward: RewardConfig | None = Field(None, description="Reward for this set (None = the training reward).")
+    n_samples_per_prompt: int = Field(1, gt=0, description="Samples per prompt (n of pass@k).")
+    k_values: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and mean@k.")
+    max_new_tokens: int | None = Field(
+        None, gt=0, description="Response cap (None = rollout.max_new_tokens)."
+    )
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_prompts: int | None = Field(None, gt=0, description="Evaluate only the first N prompts.")
+    correct_threshold: float = Field(
+        0.5, description="A sample counts as correct for pass@k if reward >= this."
+    )
+    save_samples: int = Field(64, ge=0, description="Responses (with scores) saved per evaluation as JSONL.")
+
+    @model_validator(mode="after")
+    def _k_fits(self) -> EvalSetConfig:
+        bad = [k for k in self.k_values if not 1 <= k <= self.n_samples_per_prompt]
+        if bad:
+            raise ValueError(
+                f"eval set {self.name!r}: k_values {bad} must be between 1 and n_samples_per_prompt="
+                f"{self.n_samples_per_prompt}; raise n_samples_per_prompt or drop those k"
+            )
+        return self
+
+
+class EvalConfig(Section):
+    sets: list[EvalSetConfig] = Field(default_factory=list, description="Held-out sets (empty = no eval).")
+    interval: int = Field(0, ge=0, description="Evaluate every N training steps (0 = never during training).")
+    before_train: bool = Field(False, description="Evaluate once before the first step.")
+    at_end: bool = Field(True, description="Evaluate after the last step.")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> EvalConfig:
+        names = [s.name for s in self.sets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval.sets names must be unique, got {names}")
+        return self
+
+
 class RelaxConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig
@@ -121,6 +205,7 @@ class RelaxConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     ops: OpsConfig = Field(default_factory=OpsConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RelaxConfig:
