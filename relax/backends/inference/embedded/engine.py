@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import secrets
 import threading
 import time
@@ -91,10 +90,8 @@ class EmbeddedEngine:
             max_running=max_running,
             max_total_tokens=max_total_tokens,
             max_prefill_tokens=max_prefill_tokens,
+            seed=seed if seed is not None else secrets.randbits(62),  # the stream of unseeded requests
         )
-        self._seed_rng = random.Random(
-            seed if seed is not None else secrets.randbits(62)
-        )  # seeds of unseeded requests
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -204,7 +201,7 @@ class EmbeddedEngine:
             stop_ids=self._stop_ids(params),
             max_context_len=self.max_context_len,
         )
-        group.make_sequences(self.runner.device, self._seed_rng.getrandbits(62))
+        group.make_sequences(self.runner.device)
         self._totals["requests"] += 1
         self._totals["prompt"] += len(input_ids) * params.n
         if group.params.max_new_tokens == 0:

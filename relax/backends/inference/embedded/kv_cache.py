@@ -1,93 +1,124 @@
-"""The running batch's KV cache: left-padded per-layer key/value tensors plus a 0/1 attention mask.
+"""The running batch's KV cache: preallocated slots, one per running sequence, written in place.
 
-Layout, per layer: keys and values [B, H_kv, L, D]; `mask_BL` [B, L] is 1 on real tokens, 0 on left
-padding. Every row ends at the same column, so one decode step appends one column for the whole batch.
-Rows join (`concat`: left-pad the shorter cache with zeros) and leave (`select`: gather rows, then drop
-the left columns that every remaining row pads) between steps. RoPE is applied before caching with each
-row's own positions, so shifting a row's columns does not change its attention.
+Layout, per layer: keys and values [S, H_kv, C, D] (S slots, capacity C tokens). Row b of the running
+batch lives in slot b, and token t of a sequence (prompt and output alike) at column t, so
 
-Zeros, not garbage, fill the padding: a masked key gets attention weight exactly 0, and 0 * finite = 0.
+* a decode step writes one column per row in place (`index_put_` at each row's position) and attends
+  over the view `[:B, :, :L]` (no copy, no concatenation);
+* a prefill writes each prompt straight into its slot;
+* a sequence that leaves the batch is replaced by the last row (`move`: one row copied, the batch stays
+  dense in slots 0..B-1);
+* n samples of one prompt share its prefill by copying the slot (`copy`).
+
+The buffers grow (doubling, with one copy) when the batch needs more slots or columns than allocated,
+so memory follows the largest batch actually run, up to `max_running` x the longest reservation.
+
+The model sees this object as its cache: `update(k, v, layer)` is the only method it calls. Which rows
+and columns an `update` writes is set by `for_prefill` / `for_decode` before each forward.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PaddedKVCache:
-    keys: list[Tensor]  # per layer [B, H_kv, L, D]
-    values: list[Tensor]  # per layer [B, H_kv, L, D]
-    mask_BL: Tensor  # [B, L] long, 1 = real token, 0 = left padding
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
-    @property
-    def batch_size(self) -> int:
-        return self.mask_BL.shape[0]
 
-    @property
-    def length(self) -> int:
-        return self.mask_BL.shape[1]
+class SlotKVCache:
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.dtype, self.device = dtype, device
+        self.keys: list[Tensor] = []  # per layer [S, H_kv, C, D]
+        self.values: list[Tensor] = []
+        self.slots = 0  # S
+        self.capacity = 0  # C
+        self.generation = 0  # bumped on every reallocation (captured graphs hold the old buffers)
+        self._rows: Tensor | None = None  # slots written by the next forward, [B]
+        self._pos_B: Tensor | None = None  # decode: column written per row, [B]
+        self._length = 0  # decode: columns attended, L
+        self._prefill = False
 
-    def num_tokens(self) -> int:
-        """Real (unpadded) tokens held, over all rows."""
-        return int(self.mask_BL.sum().item())
+    # -- allocation ----------------------------------------------------------------------------
+    def reserve(self, slots: int, length: int, max_slots: int) -> None:
+        """Make room for `slots` rows of `length` columns (grown by doubling, keeping the contents)."""
+        if slots <= self.slots and length <= self.capacity:
+            return
+        new_s = self.slots if slots <= self.slots else min(max(slots, 2 * self.slots), max(max_slots, slots))
+        new_c = self.capacity
+        if length > self.capacity:
+            new_c = _round_up(max(length, self.capacity * 3 // 2), 64)
+        shape = (new_s, self.num_kv_heads, new_c, self.head_dim)
+        keys, values = [], []
+        olds = list(zip(self.keys, self.values, strict=True)) or [(None, None)] * self.num_layers
+        for old_k, old_v in olds:
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if old_k is not None:
+                k[: self.slots, :, : self.capacity].copy_(old_k)
+                v[: self.slots, :, : self.capacity].copy_(old_v)
+            keys.append(k)
+            values.append(v)
+        self.keys, self.values = keys, values
+        self.slots, self.capacity = new_s, new_c
+        self.generation += 1
+        mib = 2 * self.num_layers * keys[0].numel() * keys[0].element_size() / 2**20
+        logger.debug("KV cache grown to %d slots x %d tokens (%.0f MiB)", new_s, new_c, mib)
 
-    def to_hf(self) -> DynamicCache:
-        """A `DynamicCache` over these tensors (no copy); the model appends one column per step."""
-        return DynamicCache(ddp_cache_data=list(zip(self.keys, self.values, strict=True)))
+    def release(self) -> None:
+        """Free the buffers (after a retract); the next `reserve` allocates again."""
+        self.keys, self.values, self.slots, self.capacity = [], [], 0, 0
+        self.generation += 1
 
-    @classmethod
-    def from_hf(cls, cache: DynamicCache, mask_BL: Tensor) -> PaddedKVCache:
-        keys = [layer.keys for layer in cache.layers]
-        values = [layer.values for layer in cache.layers]
-        if keys[0].shape[-2] != mask_BL.shape[1]:
-            raise RuntimeError(
-                f"KV cache holds {keys[0].shape[-2]} columns but the mask {mask_BL.shape[1]}; "
-                "models with sliding-window or non-attention layers are not supported by this engine"
-            )
-        return cls(keys, values, mask_BL)
+    # -- row moves -----------------------------------------------------------------------------
+    def copy(self, src: int, dsts: list[int], length: int) -> None:
+        """Copy the first `length` columns of slot `src` into each slot of `dsts`."""
+        if not dsts:
+            return
+        idx = torch.tensor(dsts, device=self.device)
+        for buf in (*self.keys, *self.values):
+            n = len(dsts)
+            buf[idx, :, :length] = buf[src, :, :length].unsqueeze(0).expand(n, -1, -1, -1)
 
-    def select(self, rows: list[int]) -> PaddedKVCache | None:
-        """The cache of `rows` (repeats allowed: a prompt's prefill shared by n samples), with the left
-        columns that all of them pad removed; None when `rows` is empty."""
-        if not rows:
-            return None
-        idx = torch.tensor(rows, device=self.mask_BL.device)
-        mask = self.mask_BL.index_select(0, idx)
-        start = int((mask.sum(dim=0) == 0).long().cumprod(dim=0).sum().item())  # all-pad leading columns
-        return PaddedKVCache(
-            [k.index_select(0, idx)[:, :, start:] for k in self.keys],
-            [v.index_select(0, idx)[:, :, start:] for v in self.values],
-            mask[:, start:],
-        )
+    def move(self, src: int, dst: int, length: int) -> None:
+        for buf in (*self.keys, *self.values):
+            buf[dst, :, :length] = buf[src, :, :length]
 
-    @staticmethod
-    def concat(caches: list[PaddedKVCache | None]) -> PaddedKVCache | None:
-        """Stack caches along the batch, left-padding each to the longest with zeros."""
-        caches = [c for c in caches if c is not None and c.batch_size > 0]
-        if not caches:
-            return None
-        if len(caches) == 1:
-            return caches[0]
-        L = max(c.length for c in caches)
+    # -- what the next forward writes ----------------------------------------------------------
+    def for_prefill(self, rows: Tensor) -> SlotKVCache:
+        """The next forward is a prefill of len(rows) right-padded prompts into slots `rows`."""
+        self._prefill, self._rows = True, rows
+        return self
 
-        def pad(t: Tensor, n: int) -> Tensor:  # left-pad the sequence axis (-2 for KV, -1 for masks)
-            if n == 0:
-                return t
-            dim = -2 if t.dim() == 4 else -1
-            shape = list(t.shape)
-            shape[dim] = n
-            return torch.cat([t.new_zeros(shape), t], dim=dim)
+    def for_decode(self, pos_B: Tensor, length: int) -> SlotKVCache:
+        """The next forward decodes rows 0..B-1, writing column pos_B[b] and attending over `length`."""
+        B = pos_B.shape[0]
+        self._prefill, self._pos_B, self._length = False, pos_B, length
+        if self._rows is None or self._rows.shape[0] != B or self._rows.device != pos_B.device:
+            self._rows = torch.arange(B, device=pos_B.device)
+        else:
+            self._rows = self._rows[:B]
+        return self
 
-        n_layers = len(caches[0].keys)
-        keys = [torch.cat([pad(c.keys[i], L - c.length) for c in caches]) for i in range(n_layers)]
-        values = [torch.cat([pad(c.values[i], L - c.length) for c in caches]) for i in range(n_layers)]
-        mask = torch.cat([pad(c.mask_BL, L - c.length) for c in caches])
-        return PaddedKVCache(keys, values, mask)
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[Tensor, Tensor]:
+        """Called by every attention layer: store the new keys/values, return what to attend over."""
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        if self._prefill:
+            T = key_states.shape[2]
+            k_buf[self._rows, :, :T] = key_states
+            v_buf[self._rows, :, :T] = value_states
+            return key_states, value_states  # the prompt attends to itself only
+        B = key_states.shape[0]
+        k_buf[self._rows, :, self._pos_B] = key_states[:, :, 0]
+        v_buf[self._rows, :, self._pos_B] = value_states[:, :, 0]
+        return k_buf[:B, :, : self._length], v_buf[:B, :, : self._length]

@@ -1,5 +1,9 @@
 """The model runner: a Hugging Face causal LM on one device, its tokenizer (optional), batched prefill
-and decode over a `PaddedKVCache`, and in-place weight loading with a weight version.
+and decode over a `SlotKVCache`, and in-place weight loading with a weight version.
+
+The runner calls the model's decoder body and its `lm_head` itself (logits only where a token is
+sampled) and hands the decoder a ready 4-D mask, so the model builds no mask and no cache of its own.
+Llama-style models (Qwen2, Qwen3, Llama) run through `LeanDecoder` over the same weights.
 
 Only the engine thread calls `prefill`, `decode` and `load_weights`, so no lock guards the model.
 """
@@ -13,9 +17,10 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from relax.backends.inference.embedded.kv_cache import PaddedKVCache
+from relax.backends.inference.embedded.kv_cache import SlotKVCache
+from relax.backends.inference.embedded.lean_decoder import LeanDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +57,7 @@ class ModelRunner:
         dtype: str | torch.dtype = "auto",
         attn_implementation: str | None = "sdpa",
         weight_version: str = "0",
+        use_lean: bool = True,
     ) -> None:
         self.model_path = str(model_path)
         self.device = torch.device(device)
@@ -63,13 +69,25 @@ class ModelRunner:
         self.config = self.model.config
         self.tokenizer = load_tokenizer(self.model_path)
         self.weight_version = str(weight_version)
-        params = inspect.signature(self.model.forward).parameters
+        self.decoder = self.model.get_decoder()  # the transformer body; the engine applies lm_head itself
+        self.lm_head = self.model.get_output_embeddings()
+        self.lean = LeanDecoder(self.model) if use_lean and LeanDecoder.supports(self.model) else None
+        params = inspect.signature(self.decoder.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
         self._params = dict(self.model.state_dict(keep_vars=True))  # tied weights appear under each name
         text_cfg = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
         self.max_context_len = int(getattr(text_cfg, "max_position_embeddings", 0) or 32768)
         self.vocab_size = int(text_cfg.vocab_size)
         self.eos_token_ids = self._eos_ids()
+        heads = int(text_cfg.num_attention_heads)
+        head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
+        self.cache = SlotKVCache(
+            int(text_cfg.num_hidden_layers),
+            int(getattr(text_cfg, "num_key_value_heads", None) or heads),
+            int(head_dim),
+            self.dtype,
+            self.device,
+        )
         layer_types = set(getattr(text_cfg, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise ValueError(
@@ -94,39 +112,45 @@ class ModelRunner:
         return ids
 
     # -- forward passes ----------------------------------------------------------------------------
-    def _forward(self, ids_BT: Tensor, mask_BL: Tensor, pos_BT: Tensor, cache: PaddedKVCache | None):
-        hf_cache = cache.to_hf() if cache is not None else DynamicCache()
-        out = self.model(
-            input_ids=ids_BT,
-            attention_mask=mask_BL,
-            position_ids=pos_BT,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: hf_cache},
+    def _mask(self, allowed: Tensor) -> Tensor:
+        """Additive attention mask [N, 1, Q, K] from a boolean one [N, Q, K] (works for sdpa and eager)."""
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).unsqueeze(1)
+
+    def _hidden(self, ids: Tensor, mask: Tensor, pos: Tensor, cache: SlotKVCache) -> Tensor:
+        if self.lean is not None:
+            return self.lean(ids, mask, pos, cache)
+        out = self.decoder(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{self._cache_kwarg: cache}
         )
-        return PaddedKVCache.from_hf(hf_cache, mask_BL), out.logits[:, -1, :]
+        return out.last_hidden_state
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]]) -> tuple[PaddedKVCache, Tensor]:
-        """Left-padded batched prefill; returns the prompts' cache and the last position's logits [B, V]."""
-        L = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), L, dtype=torch.long)
-        mask = torch.zeros(len(prompts), L, dtype=torch.long)
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> Tensor:
+        """Right-padded batched prefill of prompt u into cache slot slots[u]; returns the logits of each
+        prompt's last token [U, V]."""
+        T = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), T, dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, L - len(p) :] = 1
-        pos = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-        return self._forward(ids.to(self.device), mask.to(self.device), pos.to(self.device), None)
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        lens_U = torch.tensor([len(p) for p in prompts], device=self.device)
+        col_T = torch.arange(T, device=self.device)
+        allowed = (col_T[None, :] <= col_T[:, None])[None] & (col_T[None, None, :] < lens_U[:, None, None])
+        pos = col_T.unsqueeze(0).expand(len(prompts), T)
+        rows = torch.tensor(slots, device=self.device)
+        h = self._hidden(ids.to(self.device), self._mask(allowed), pos, self.cache.for_prefill(rows))
+        last_UH = h[torch.arange(len(prompts), device=self.device), lens_U - 1]
+        return self.lm_head(last_UH)
 
     @torch.inference_mode()
-    def decode(
-        self, cache: PaddedKVCache, tokens: list[int], positions: list[int]
-    ) -> tuple[PaddedKVCache, Tensor]:
-        """One step for the whole batch: token b at position b; returns the grown cache and logits [B, V]."""
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device).unsqueeze(1)
-        mask = torch.cat([cache.mask_BL, cache.mask_BL.new_ones(cache.batch_size, 1)], dim=1)
-        return self._forward(ids, mask, pos, cache)
+    def decode(self, tokens_B: Tensor, pos_B: Tensor, length: int) -> Tensor:
+        """One step for rows 0..B-1: token b at position pos_B[b], attending over `length` columns of the
+        cache (> max(pos_B)); returns the logits [B, V]."""
+        col_L = torch.arange(length, device=self.device)
+        allowed = (col_L[None, :] <= pos_B[:, None]).unsqueeze(1)  # [B, 1, L]
+        cache = self.cache.for_decode(pos_B, length)
+        h = self._hidden(tokens_B.unsqueeze(1), self._mask(allowed), pos_B.unsqueeze(1), cache)
+        return self.lm_head(h[:, 0])
 
     # -- weights -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -150,6 +174,8 @@ class ModelRunner:
                 )
         for name, tensor in items:
             self._params[name].data.copy_(tensor)
+        if self.lean is not None:
+            self.lean.refresh()
         if weight_version is not None:
             self.weight_version = str(weight_version)
         return len(items)

@@ -14,8 +14,8 @@ The reported log-prob is the one the sampler saw *before* truncation, like SGLan
 for the sampled token, which is what off-policy corrections compare against. After truncation the
 true behaviour probability is larger by the kept mass's inverse; that choice is deliberate.
 
-Each request draws its noise from its own `torch.Generator`, one draw of V values per step, so a
-seeded request gives the same tokens whatever else is in the batch.
+A seeded request draws its noise from its own `torch.Generator`, one draw of V values per step, so it
+gives the same tokens whatever else is in the batch. Unseeded rows share the engine's generator.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class RowParams:
     top_p: float  # 1 = off
     top_k: int  # -1 = off
     min_p: float  # 0 = off
-    generator: torch.Generator | None  # None only for greedy rows
+    generator: torch.Generator | None  # own stream of a seeded request; None: the engine's shared one
 
 
 def make_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -64,31 +64,51 @@ def truncate_probs(probs_BV: Tensor, top_k_B: Tensor, top_p_B: Tensor, min_p_B: 
     return torch.zeros_like(probs_BV).scatter_(-1, order_BV, sorted_BV)
 
 
-def sample_tokens(logits_BV: Tensor, rows: list[RowParams]) -> tuple[list[int], list[float]]:
-    """Sample one token per row; returns (token ids, log-probs of those tokens), both of length B."""
+def sample_tokens(
+    logits_BV: Tensor, rows: list[RowParams], shared: torch.Generator | None = None
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row; returns (token ids, log-probs of those tokens), both of length B.
+
+    Rows without a generator of their own draw from `shared` (one draw for all of them, so the cost of a
+    step does not grow with the number of unseeded rows)."""
     logits_BV = logits_BV.float()
     device = logits_BV.device
     temps = [r.temperature for r in rows]
-    greedy_B = torch.tensor([t <= 0.0 for t in temps], device=device)
+    if all(t <= 0.0 for t in temps):  # all greedy: no noise, log-probs at temperature 1
+        tokens_B = logits_BV.argmax(dim=-1)
+        logp_B = torch.log_softmax(logits_BV, dim=-1).gather(1, tokens_B.unsqueeze(1)).squeeze(1)
+        return _to_lists(tokens_B, logp_B)
     temp_B = torch.tensor([t if t > 0.0 else 1.0 for t in temps], device=device)
     logp_BV = torch.log_softmax(logits_BV / temp_B.unsqueeze(1), dim=-1)
-    tokens_B = logits_BV.argmax(dim=-1)
-    sampled = [i for i, t in enumerate(temps) if t > 0.0]
-    if sampled:
-        idx = torch.tensor(sampled, device=device)
-        probs_SV = logp_BV.index_select(0, idx).exp()
-        sub = [rows[i] for i in sampled]
-        if any(r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0.0 for r in sub):
-            probs_SV = truncate_probs(
-                probs_SV,
+    probs_BV = logp_BV.exp()
+    trunc = [i for i, r in enumerate(rows) if r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0.0]
+    if trunc:
+        idx = torch.tensor(trunc, device=device)
+        sub = [rows[i] for i in trunc]
+        probs_BV = probs_BV.index_copy(
+            0,
+            idx,
+            truncate_probs(
+                probs_BV.index_select(0, idx),
                 torch.tensor([r.top_k for r in sub], device=device),
                 torch.tensor([r.top_p for r in sub], device=device),
                 torch.tensor([r.min_p for r in sub], device=device),
-            )
-        noise_SV = torch.stack(
-            [torch.empty(probs_SV.shape[-1], device=device).exponential_(generator=r.generator) for r in sub]
-        ).clamp_(min=1e-30)  # a draw of exactly 0 would turn p=0 into 0/0
-        tokens_B = tokens_B.index_copy(0, idx, (probs_SV / noise_SV).argmax(dim=-1))
-    tokens_B = torch.where(greedy_B, logits_BV.argmax(dim=-1), tokens_B)
+            ),
+        )
+    uniform_BV = torch.rand(probs_BV.shape, generator=shared, device=device)
+    for i, r in enumerate(rows):
+        if r.generator is not None and r.temperature > 0.0:  # a seeded request: its own stream
+            uniform_BV[i].uniform_(generator=r.generator)
+    noise_BV = uniform_BV.clamp_(min=1e-30).log_().neg_()  # Exp(1); -log(rand) is much cheaper on CPU
+    tokens_B = (probs_BV / noise_BV.clamp_(min=1e-30)).argmax(dim=-1)  # a draw of 0 would make p=0 win
+    if any(t <= 0.0 for t in temps):
+        greedy_B = temp_B.new_tensor([t <= 0.0 for t in temps], dtype=torch.bool)
+        tokens_B = torch.where(greedy_B, logits_BV.argmax(dim=-1), tokens_B)
     logp_B = logp_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1)
-    return tokens_B.tolist(), logp_B.tolist()
+    return _to_lists(tokens_B, logp_B)
+
+
+def _to_lists(tokens_B: Tensor, logp_B: Tensor) -> tuple[list[int], list[float]]:
+    """One device-to-host transfer for both (token ids are exact in float64)."""
+    both = torch.stack([tokens_B.double(), logp_B.double()]).cpu().tolist()
+    return [int(t) for t in both[0]], both[1]

@@ -1,9 +1,11 @@
 """Continuous batching: the waiting queue, the running batch and its KV cache, one step at a time.
 
-Each `step()` first admits waiting requests (one left-padded prefill for all of them; the n samples of a
-prompt share its prefill, the cache row copied n times; each samples its first token from the prefill's
-logits), merges them into the running batch, then runs one batched decode step over every running
-sequence. Sequences that finish leave the batch at once; their rows are dropped from the cache.
+Each `step()` first admits waiting requests (one right-padded prefill for all of them, written straight
+into their cache slots; the n samples of a prompt share its prefill, the slot copied n - 1 times; each
+samples its first token from the prefill's logits), then runs one batched decode step over every running
+sequence. Running sequence b lives in cache slot b (see `kv_cache.py`); a sequence that finishes leaves
+the batch at once and the last row moves into its slot, so the batch stays dense and nothing is copied
+per step.
 
 Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
 prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
@@ -20,9 +22,8 @@ from collections import deque
 
 import torch
 
-from relax.backends.inference.embedded.kv_cache import PaddedKVCache
 from relax.backends.inference.embedded.runner import ModelRunner
-from relax.backends.inference.embedded.sampling import sample_tokens
+from relax.backends.inference.embedded.sampling import make_generator, sample_tokens
 from relax.backends.inference.embedded.sequence import RequestGroup, Sequence
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,13 @@ logger = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(
-        self, runner: ModelRunner, *, max_running: int, max_total_tokens: int, max_prefill_tokens: int
+        self,
+        runner: ModelRunner,
+        *,
+        max_running: int,
+        max_total_tokens: int,
+        max_prefill_tokens: int,
+        seed: int = 0,
     ):
         self.runner = runner
         self.max_running = max_running
@@ -39,9 +46,10 @@ class Scheduler:
         self.waiting: deque[list[Sequence]] = (
             deque()
         )  # prefill units: the samples of one prompt, or one retracted
-        self.running: list[Sequence] = []  # row b of `cache` is running[b]
-        self.cache: PaddedKVCache | None = None
+        self.running: list[Sequence] = []  # running[b] lives in cache slot b
+        self.cache = runner.cache
         self.reserved = 0  # tokens reserved by the running sequences
+        self.generator = make_generator(seed, runner.device)  # noise of the unseeded requests
 
     # -- queue ----------------------------------------------------------------------------------
     def add(self, group: RequestGroup) -> None:
@@ -94,45 +102,62 @@ class Scheduler:
         units = self._take_units()
         if not units:
             return 0
-        cache, logits_UV = self.runner.prefill([u[0].prefill_ids() for u in units])
-        rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
         seqs = [s for u in units for s in u]
-        fresh = [
-            k for k, s in enumerate(seqs) if not s.output_ids
-        ]  # retracted ones already hold a next token
+        base = len(self.running)  # new sequence k goes to slot base + k
+        need = max(self._reserve(s) for s in seqs)
+        self.cache.reserve(base + len(seqs), need, self.max_running)
+        firsts, k = [], 0  # slot of each unit's first sequence
+        for u in units:
+            firsts.append(base + k)
+            k += len(u)
+        logits_UV = self.runner.prefill([u[0].prefill_ids() for u in units], firsts)
+        for u, first in zip(units, firsts, strict=True):
+            self.cache.copy(first, list(range(first + 1, first + len(u))), len(u[0].prefill_ids()))
+        rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
+        fresh = [k for k, s in enumerate(seqs) if not s.output_ids]  # retracted ones hold a next token
         if fresh:
             idx = torch.tensor([rows[k] for k in fresh], device=logits_UV.device)
-            tokens, logprobs = sample_tokens(logits_UV.index_select(0, idx), [seqs[k].row for k in fresh])
+            tokens, logprobs = sample_tokens(
+                logits_UV.index_select(0, idx), [seqs[k].row for k in fresh], self.generator
+            )
             for k, t, lp in zip(fresh, tokens, logprobs, strict=True):
                 seqs[k].append(t, lp)
-        alive = [k for k, s in enumerate(seqs) if s.finish is None]
-        self.cache = PaddedKVCache.concat([self.cache, cache.select([rows[k] for k in alive])])
-        for k in alive:
-            self.running.append(seqs[k])
-            self.reserved += self._reserve(seqs[k])
-        self._finalize([s for s in seqs if s.finish is not None])
+        for s in seqs:
+            self.running.append(s)
+            self.reserved += self._reserve(s)
+        self._drop_finished()
         return len(fresh)
 
     def _decode(self) -> int:
         running = self.running
-        tokens = [s.output_ids[-1] for s in running]
+        device = self.runner.device
+        tokens_B = torch.tensor([s.output_ids[-1] for s in running], dtype=torch.long).to(device)
         positions = [s.num_tokens - 1 for s in running]
-        cache, logits_BV = self.runner.decode(self.cache, tokens, positions)
-        new_tokens, logprobs = sample_tokens(logits_BV, [s.row for s in running])
+        pos_B = torch.tensor(positions, dtype=torch.long).to(device)
+        logits_BV = self.runner.decode(tokens_B, pos_B, max(positions) + 1)
+        new_tokens, logprobs = sample_tokens(logits_BV, [s.row for s in running], self.generator)
         for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
             s.append(t, lp)
-        self.cache = cache
         self._drop_finished()
         return len(running)
 
     # -- leaving the batch ----------------------------------------------------------------------
     def _drop_finished(self) -> None:
-        alive = [b for b, s in enumerate(self.running) if s.finish is None]
-        if len(alive) == len(self.running):
-            return
+        """Remove finished rows, moving the last row into each freed slot (the batch stays dense)."""
         finished = [s for s in self.running if s.finish is not None]
-        self.cache = self.cache.select(alive) if self.cache is not None else None
-        self.running = [self.running[b] for b in alive]
+        if not finished:
+            return
+        rows = self.running
+        b = 0
+        while b < len(rows):
+            if rows[b].finish is None:
+                b += 1
+                continue
+            last = len(rows) - 1
+            if last != b:  # a finished row moved in is looked at again
+                self.cache.move(last, b, rows[last].num_tokens)
+                rows[b] = rows[last]
+            rows.pop()
         for s in finished:
             self.reserved -= self._reserve(s)
         self._finalize(finished)
@@ -160,7 +185,8 @@ class Scheduler:
         n = len(self.running)
         for s in reversed(self.running):
             self.waiting.appendleft([s])
-        self.running, self.cache, self.reserved = [], None, 0
+        self.running, self.reserved = [], 0
+        self.cache.release()
         return n
 
     def fail_all(self, error: BaseException) -> None:
@@ -170,4 +196,4 @@ class Scheduler:
             if not g.future.done():
                 g.future.set_exception(error)
         self.waiting.clear()
-        self.running, self.cache, self.reserved = [], None, 0
+        self.running, self.reserved = [], 0

@@ -98,14 +98,14 @@ class RequestGroup:
         self.stop_strings = self.params.stop_strings
         self.stop_window = max((len(s) for s in self.stop_strings), default=0) + 4  # tokens decoded per check
 
-    def make_sequences(self, device: torch.device, base_seed: int) -> list[Sequence]:
-        """The n samples. Sample j of a seeded request uses seed `sampling_seed + j`."""
+    def make_sequences(self, device: torch.device) -> list[Sequence]:
+        """The n samples. Sample j of a seeded request uses its own generator, seed `sampling_seed + j`;
+        unseeded samples draw from the engine's shared generator."""
         p = self.params
         for j in range(p.n):
             gen = None
-            if p.temperature > 0:
-                seed = p.sampling_seed + j if p.sampling_seed is not None else base_seed + j
-                gen = make_generator(seed, device)
+            if p.temperature > 0 and p.sampling_seed is not None:
+                gen = make_generator(p.sampling_seed + j, device)
             self.seqs.append(Sequence(self, j, gen))
         return self.seqs
 

@@ -1,0 +1,163 @@
+"""Throughput of the embedded engine against plain `transformers` `generate`, in the same run, on the same
+model, prompts and sampling settings (temperature 1, no truncation, EOS ignored). Not a test.
+
+    python benchmarks/engine.py                      # CPU: tiny model, 64 requests, 8..128 new tokens
+    python benchmarks/engine.py --preset qwen2.5-0.5b --device cuda --dtype bfloat16 \
+        --prompts 256 --prompt-len 128 --new-tokens 256
+
+Output lengths are uniform in [--min-new-tokens, --new-tokens] (equal when the two match). `generate`
+runs the prompts the way a user would: batches of `--hf-batch-size` prompts (default: all at once), each
+batch generating as many tokens as its longest request needs; only the tokens a request asked for count.
+The engine gets every request at once through `submit`. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from relax.backends.inference.embedded.engine import EmbeddedEngine
+
+logger = logging.getLogger("benchmarks.engine")
+
+QWEN25_05B = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+
+
+def write_model(preset: str, dtype: str, out: Path) -> Path:
+    """A random-initialised checkpoint (no download): the tiny test model or Qwen2.5-0.5B's shape."""
+    if preset == "tiny":
+        from relax.models.tiny import write_tiny_model
+
+        return write_tiny_model(out, family="qwen2", dtype=dtype)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B)).to(getattr(torch, dtype)).save_pretrained(out)
+    return out
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench_generate(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]], lengths: list[int]):
+    """Seconds `generate` takes over all prompts, batched as a user would (left padding, sampling)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
+    model = model.to(args.device).eval()
+    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
+    bs = args.hf_batch_size or len(prompts)
+    order = (
+        sorted(range(len(prompts)), key=lambda i: lengths[i])
+        if bs < len(prompts)
+        else list(range(len(prompts)))
+    )
+    with torch.inference_mode():
+        ids = torch.tensor(prompts[:2], device=args.device)
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4, **kw)
+        sync(args.device)
+        t0 = time.perf_counter()
+        for start in range(0, len(order), bs):
+            idx = order[start : start + bs]
+            ids = torch.tensor([prompts[i] for i in idx], device=args.device)
+            n = max(lengths[i] for i in idx)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, **kw)
+        sync(args.device)
+    seconds = time.perf_counter() - t0
+    del model
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return seconds
+
+
+def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]], lengths: list[int]):
+    engine = EmbeddedEngine(
+        str(model_dir), device=args.device, dtype=args.dtype, max_running=len(prompts), seed=0
+    ).start()
+    params = {"temperature": 1.0, "ignore_eos": True}
+    try:
+        engine.generate(prompts[0], {**params, "max_new_tokens": 4})  # warm-up
+        futures = [engine.submit(p, {**params, "max_new_tokens": 2}) for p in prompts]
+        [f.result() for f in futures]  # warm-up at full batch (CUDA graphs, allocator)
+        sync(args.device)
+        t0 = time.perf_counter()
+        futures = [
+            engine.submit(p, {**params, "max_new_tokens": n}) for p, n in zip(prompts, lengths, strict=True)
+        ]
+        outs = [f.result()[0] for f in futures]
+        sync(args.device)
+        seconds = time.perf_counter() - t0
+    finally:
+        engine.shutdown()
+    assert [len(o.output_ids) for o in outs] == lengths, "the engine stopped a request early"
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--prompts", type=int, default=64, help="Concurrent requests.")
+    ap.add_argument("--prompt-len", type=int, default=32, help="Tokens per prompt.")
+    ap.add_argument("--new-tokens", type=int, default=128, help="Longest output.")
+    ap.add_argument("--min-new-tokens", type=int, default=None, help="Shortest output (default: 8 on tiny).")
+    ap.add_argument("--hf-batch-size", type=int, default=None, help="generate's batch size (default: all).")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU.")
+    ap.add_argument("--skip-hf", action="store_true", help="Measure the engine only.")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    low = (
+        args.min_new_tokens
+        if args.min_new_tokens is not None
+        else (8 if args.preset == "tiny" else args.new_tokens)
+    )
+    rng = random.Random(0)
+    lengths = [rng.randint(min(low, args.new_tokens), args.new_tokens) for _ in range(args.prompts)]
+    total = sum(lengths)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model(args.preset, args.dtype, Path(tmp) / "model")
+        vocab = (
+            AutoModelForCausalLM.from_pretrained(model_dir).config.vocab_size
+            if args.preset == "tiny"
+            else 151936
+        )
+        prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
+        result = {"preset": args.preset, "device": args.device, "dtype": args.dtype, "prompts": args.prompts}
+        result |= {"prompt_len": args.prompt_len, "new_tokens": [min(lengths), max(lengths)], "tokens": total}
+        eng_s = bench_engine(model_dir, args, prompts, lengths)
+        result |= {"engine_s": round(eng_s, 3), "engine_tok_s": round(total / eng_s, 1)}
+        logger.info("embedded engine: %.2f s, %.0f tok/s", eng_s, total / eng_s)
+        if not args.skip_hf:
+            hf_s = bench_generate(model_dir, args, prompts, lengths)
+            logger.info("transformers generate: %.2f s, %.0f tok/s", hf_s, total / hf_s)
+            result |= {
+                "hf_s": round(hf_s, 3),
+                "hf_tok_s": round(total / hf_s, 1),
+                "ratio": round(hf_s / eng_s, 2),
+            }
+            logger.info("ratio engine / generate: %.2fx", hf_s / eng_s)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
