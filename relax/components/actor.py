@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from relax.algorithms.pipeline import compute_advantages, make_policy_loss
+from relax.algorithms.pipeline import compute_advantages, make_policy_loss, make_value_loss
 from relax.algorithms.registry import get_algorithm
+from relax.backends.training.critic_backend import TorchCritic
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import RelaxConfig
 from relax.data.batch import TrainBatch, pad_ragged
@@ -36,6 +37,13 @@ class ActorRole:
         self.needs_reference = spec.needs_reference or algo.kl_coef > 0 or algo.reward_kl_coef > 0
         self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
         self.loss_fn = make_policy_loss(cfg.algorithm)
+        # PPO's critic trains alongside the actor, in process in colocate mode.
+        self.critic = None
+        if spec.needs_critic:
+            self.critic = TorchCritic(
+                cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps
+            )
+            self.value_loss_fn = make_value_loss(cfg.algorithm)
         self.publisher = WeightPublisher()
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
 
@@ -51,18 +59,26 @@ class ActorRole:
         if self.needs_reference:
             with timer("ref_log_probs", times):
                 batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
+        values = None
+        if self.critic is not None:
+            with timer("values", times):
+                values = self.critic.compute_values(batch)
         with timer("advantages", times):
-            adv_metrics = self._advantages(batch)
+            adv_metrics = self._advantages(batch, values)
         with timer("update", times):
             metrics = self.trainer.train_batch(batch, self.loss_fn)
+        if self.critic is not None:
+            with timer("critic_update", times):
+                metrics.update(self.critic.train_values(batch, values, self.value_loss_fn))
         metrics.update(adv_metrics)
         metrics.update(_mismatch_metrics(batch))
         metrics.update({k.replace("perf/", "perf/actor_"): v for k, v in times.items()})
         metrics.update(self.sync_stats)  # the publish that gave the engines the weights of this rollout
         return metrics
 
-    def _advantages(self, batch: TrainBatch) -> dict[str, float]:
-        T = max(1, max(batch.response_lens()))
+    def _advantages(self, batch: TrainBatch, values: list[torch.Tensor] | None) -> dict[str, float]:
+        lens = batch.response_lens()
+        T = max(1, max(lens))
         mask_NT = pad_ragged(batch.loss_mask, T)
         out = compute_advantages(
             self.cfg.algorithm,
@@ -71,8 +87,10 @@ class ActorRole:
             mask_NT,
             log_probs_NT=pad_ragged(batch.old_log_probs, T),
             ref_log_probs_NT=pad_ragged(batch.ref_log_probs, T) if batch.ref_log_probs else None,
+            values_NT=pad_ragged(values, T) if values is not None else None,
+            response_lengths_N=torch.tensor(lens),
+            max_response_len=self.cfg.rollout.max_new_tokens,
         )
-        lens = batch.response_lens()
         batch.advantages = [out.advantages_NT[i, : lens[i]] for i in range(len(batch))]
         if out.returns_NT is not None:
             batch.returns = [out.returns_NT[i, : lens[i]] for i in range(len(batch))]
@@ -106,9 +124,14 @@ class ActorRole:
     def save(self, path: str) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         self.trainer.save(Path(path))
+        if self.critic is not None:
+            (Path(path) / "critic").mkdir(exist_ok=True)
+            self.critic.save(Path(path) / "critic")
 
     def load(self, path: str) -> int:
         self.trainer.load(Path(path))
+        if self.critic is not None:
+            self.critic.load(Path(path) / "critic")
         return self.trainer.step
 
     def weight_version(self) -> int:

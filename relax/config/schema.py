@@ -120,6 +120,9 @@ class TrainerConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward (saves memory)."
     )
+    compile_layers: bool = Field(
+        False, description="fsdp: torch.compile each decoder layer's forward (GPU; fuses the small ops)."
+    )
     publish_bucket_mb: int = Field(
         256, gt=0, description="Weight-publish bucket size (MiB of gathered tensors)."
     )

@@ -4,7 +4,6 @@ engine as ranks 1..N; each publish broadcasts the weights in buckets, tagged wit
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import time

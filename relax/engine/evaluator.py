@@ -13,7 +13,7 @@ from relax.config.schema import EvalSetConfig, RelaxConfig
 from relax.data.dataset import PromptRow, load_prompts
 from relax.engine.eval_metrics import eval_metrics
 from relax.engine.rollout_loop import RolloutLoop
-from relax.rewards import RewardScorer
+from relax.rewards import build_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Evaluator:
             rows = [PromptRow(offset - i, r.prompt, r.label, r.metadata) for i, r in enumerate(rows)]
             if es.max_prompts:
                 rows = rows[: es.max_prompts]
-            self.sets.append((es, rows, RewardScorer(es.reward or cfg.reward)))
+            self.sets.append((es, rows, build_scorer(es.reward or cfg.reward)))
 
     def sampling_params(self, es: EvalSetConfig) -> dict:
         params = self.loop.sampling_params()

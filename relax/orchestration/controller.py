@@ -60,7 +60,7 @@ class Controller:
         r = self.cfg.resources
         self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb)
         service.start_serve()
-        for role in roles_for_mode(r.mode):
+        for role in roles_for_mode(r.mode, self.cfg):
             self.handles[role.name] = service.deploy_role(
                 role.name, role.cls, self.cfg, num_cpus=role.num_cpus
             )

@@ -1,8 +1,13 @@
-"""Which roles an execution mode needs. To add a mode or a role, add it to `MODES` here."""
+"""Which roles an execution mode needs. To add a mode or a role, add it to `MODES` here; a role that only
+some configurations need (GenRM) is added by `roles_for_mode` from the config."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax.config import RelaxConfig
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,13 @@ def _colocate() -> list[RoleSpec]:
 MODES = {"colocate": _colocate}
 
 
-def roles_for_mode(mode: str) -> list[RoleSpec]:
+def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
+    """The roles `mode` deploys, plus the GenRM judge service when `cfg.reward.genrm` is set."""
     if mode not in MODES:
         raise ValueError(f"unknown resources.mode {mode!r}; valid modes: {', '.join(sorted(MODES))}")
-    return MODES[mode]()
+    roles = MODES[mode]()
+    if cfg is not None and cfg.reward.genrm is not None:
+        from relax.components.genrm import GenRMRole
+
+        roles.append(RoleSpec("genrm", GenRMRole, cfg.reward.genrm.num_cpus))
+    return roles

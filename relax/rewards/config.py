@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from relax.rewards.genrm import GenRMConfig
 from relax.rewards.registry import check_kwargs, resolve_reward
 
 
@@ -17,7 +18,7 @@ class RewardConfig(BaseModel):
     name: str = Field(
         "math",
         description="Default reward: a built-in name (math, multiple_choice, exact_match, first_number, "
-        "f1, format_think_answer, dapo, remote) or an import path 'package.module:function' whose "
+        "f1, format_think_answer, dapo, remote, genrm) or an import path 'package.module:function' whose "
         "contract is in relax/rewards/registry.py. Used for rows that do not select a reward themselves.",
     )
     kwargs: dict[str, Any] = Field(
@@ -54,7 +55,19 @@ class RewardConfig(BaseModel):
         32,
         ge=1,
         description="Most reward calls in flight at once per scorer (also the size of the thread pool "
-        "that runs sync reward functions).",
+        "that runs sync reward functions); with `num_workers` > 0 the limit is for the whole pool.",
+    )
+    num_workers: int = Field(
+        0,
+        ge=0,
+        description="Reward worker processes (Ray actors) that score off the rollout's critical path; "
+        "0: score in the rollout process.",
+    )
+    worker_cpus: float = Field(0.25, gt=0, description="Logical Ray CPUs reserved per reward worker.")
+    genrm: GenRMConfig | None = Field(
+        None,
+        description="The GenRM (LLM-as-judge) service; set it to deploy the `genrm` role and use the "
+        "`genrm` reward (relax/rewards/genrm.py).",
     )
 
     @field_validator("name")
@@ -75,6 +88,10 @@ class RewardConfig(BaseModel):
         check_kwargs(resolve_reward(self.name), self.kwargs_for(self.name))
         for rm_type in self.type_kwargs:
             check_kwargs(resolve_reward(rm_type), self.kwargs_for(rm_type))
+        if self.genrm is None and "genrm" in {self.name, *self.type_kwargs}:
+            raise ValueError(
+                "the genrm reward needs the GenRM service: set reward.genrm.model_path=<judge checkpoint>"
+            )
         return self
 
     def kwargs_for(self, rm_type: str) -> dict[str, Any]:

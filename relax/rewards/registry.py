@@ -19,8 +19,10 @@ reads ``sample.response_text``, ``sample.label``, ``sample.metadata`` (and anyth
 and must not modify the sample: the scorer writes ``sample.reward`` and ``sample.reward_info``.
 
 A result is either a number (the reward) or a dict: its ``reward_key`` entry is the reward and its other
-numeric entries are logged as metrics in ``sample.reward_info``. The key is the spec's own
-``reward_key`` when it declares one (all built-ins use ``"reward"``), else ``RewardConfig.reward_key``.
+numeric entries go to ``sample.reward_info`` and are logged, averaged over the step's samples, as
+``reward/info/<key>`` (a key with a ``/``, like ``genrm/latency_s``, is logged under its own name).
+The key is the spec's own ``reward_key`` when it declares one (all built-ins use ``"reward"``), else
+``RewardConfig.reward_key``.
 A function that raises or runs past ``RewardConfig.timeout_s`` gives its samples the configured fallback
 reward; a sync function runs in a worker thread, so it must be thread-safe.
 
@@ -44,6 +46,7 @@ from typing import Any, Literal
 from relax.rewards.choice import multiple_choice
 from relax.rewards.dapo import dapo
 from relax.rewards.format import format_think_answer
+from relax.rewards.genrm import genrm
 from relax.rewards.math import math_reward
 from relax.rewards.remote import remote
 from relax.rewards.text import exact_match, f1, first_number
@@ -119,6 +122,7 @@ REWARDS: dict[str, RewardSpec] = {
     "format_think_answer": _builtin(format_think_answer),
     "dapo": _builtin(dapo),
     "remote": _builtin(remote),
+    "genrm": _builtin(genrm, kind="group"),  # LLM judge; needs RewardConfig.genrm (the GenRM service)
 }
 
 

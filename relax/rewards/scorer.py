@@ -1,9 +1,9 @@
 """Scoring a batch of samples: route each to its reward, run the calls concurrently under limits, and
 never let one bad sample (a raising or hanging reward) fail the batch.
 
-``RewardScorer`` is a plain class built from a ``RewardConfig``; it pickles as its config alone, so a
-Ray worker pool (a Serve deployment) can be handed the config, build the scorer inside the worker and
-call ``await scorer.score(samples)``; the workers' ``RewardStats`` add up with ``merge``.
+``RewardScorer`` is a plain class built from a ``RewardConfig``; it pickles as its config alone, so the
+Ray worker pool (``relax.rewards.pool``) hands each worker the config, builds the scorer inside it and
+calls ``await scorer.score(samples)``; the workers' ``RewardStats`` add up with ``merge``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,17 @@ from relax.rewards.registry import RewardSpec, resolve_reward
 logger = logging.getLogger(__name__)
 
 
+def sample_ref(sample: Sample) -> str:
+    """How logs and ``RewardStats.failed`` name a sample: ``<prompt index>/<sample id in group>``."""
+    return f"{sample.index}/{sample.sample_id}"
+
+
+def info_metric_name(key: str) -> str:
+    """Metric name of a ``reward_info`` key: a namespaced key (``genrm/latency_s``) is kept as is, a plain
+    one (``acc``) becomes ``reward/info/acc``."""
+    return key if "/" in key else f"reward/info/{key}"
+
+
 @dataclass
 class RewardStats:
     """Counters of one or more ``score`` calls. ``as_metrics`` gives them as ``reward/...`` metrics."""
@@ -36,12 +47,22 @@ class RewardStats:
     latency_sum_s: float = 0.0  # summed wall time of the calls, seconds
     latency_max_s: float = 0.0  # slowest call, seconds
     counts: dict[str, int] = field(default_factory=dict)  # samples per reward type
+    failed: list[str] = field(default_factory=list)  # sample_ref of each failed or timed-out sample
+    info_sums: dict[str, float] = field(default_factory=dict)  # reward_info key -> sum over samples
+    info_counts: dict[str, int] = field(default_factory=dict)  # reward_info key -> samples carrying it
+
+    def add_info(self, info: dict[str, float]) -> None:
+        """Count one sample's ``reward_info`` into the per-key means."""
+        for key, value in info.items():
+            self.info_sums[key] = self.info_sums.get(key, 0.0) + float(value)
+            self.info_counts[key] = self.info_counts.get(key, 0) + 1
 
     def merge(self, other: RewardStats) -> RewardStats:
         """The sum of two stats (e.g. from several scoring workers)."""
-        counts = dict(self.counts)
-        for rm_type, n in other.counts.items():
-            counts[rm_type] = counts.get(rm_type, 0) + n
+
+        def added(a: dict, b: dict) -> dict:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
         return RewardStats(
             samples=self.samples + other.samples,
             failures=self.failures + other.failures,
@@ -49,12 +70,16 @@ class RewardStats:
             calls=self.calls + other.calls,
             latency_sum_s=self.latency_sum_s + other.latency_sum_s,
             latency_max_s=max(self.latency_max_s, other.latency_max_s),
-            counts=counts,
+            counts=added(self.counts, other.counts),
+            failed=self.failed + other.failed,
+            info_sums=added(self.info_sums, other.info_sums),
+            info_counts=added(self.info_counts, other.info_counts),
         )
 
     def as_metrics(self) -> dict[str, float]:
         """``reward/samples``, ``reward/failures``, ``reward/timeouts``, ``reward/calls``,
-        ``reward/latency_mean_s``, ``reward/latency_max_s`` and ``reward/count/<type>`` per type."""
+        ``reward/latency_mean_s``, ``reward/latency_max_s``, ``reward/count/<type>`` per type, and the
+        mean of each ``reward_info`` key over the samples carrying it (named by ``info_metric_name``)."""
         metrics = {
             "reward/samples": float(self.samples),
             "reward/failures": float(self.failures),
@@ -64,6 +89,8 @@ class RewardStats:
             "reward/latency_max_s": self.latency_max_s,
         }
         metrics.update({f"reward/count/{t}": float(n) for t, n in sorted(self.counts.items())})
+        for key in sorted(self.info_sums):
+            metrics[info_metric_name(key)] = self.info_sums[key] / max(self.info_counts.get(key, 1), 1)
         return metrics
 
 
@@ -152,6 +179,7 @@ class RewardScorer:
         spec = self.spec(rm_type)
         arg: Sample | list[Sample] = batch if spec.kind == "group" else batch[0]
         reward_key = spec.reward_key or self.cfg.reward_key
+        refs = [sample_ref(s) for s in batch]
         async with self._semaphore():
             start = time.perf_counter()
             try:
@@ -164,16 +192,20 @@ class RewardScorer:
                 raise  # a missing package is a setup error, not a bad sample
             except asyncio.TimeoutError:
                 stats.timeouts += len(batch)
+                stats.failed += refs
                 logger.warning(
-                    "reward %r timed out after %.3gs for sample index=%s; reward := %s",
-                    rm_type, self.cfg.timeout_s, [s.index for s in batch], self.cfg.fallback_reward,
+                    "reward %r timed out after %.3gs for sample index=%s (index/sample_id %s); reward := %s",
+                    rm_type, self.cfg.timeout_s, [s.index for s in batch], refs,
+                    self.cfg.fallback_reward,
                 )  # fmt: skip
                 scored = [(self.cfg.fallback_reward, {}) for _ in batch]
             except Exception as e:
                 stats.failures += len(batch)
+                stats.failed += refs
                 logger.warning(
-                    "reward %r failed for sample index=%s: %r; reward := %s",
-                    rm_type, [s.index for s in batch], e, self.cfg.fallback_reward, exc_info=e,
+                    "reward %r failed for sample index=%s (index/sample_id %s): %r; reward := %s",
+                    rm_type, [s.index for s in batch], refs, e,
+                    self.cfg.fallback_reward, exc_info=e,
                 )  # fmt: skip
                 scored = [(self.cfg.fallback_reward, {}) for _ in batch]
             finally:
@@ -184,6 +216,7 @@ class RewardScorer:
         for sample, (reward, info) in zip(batch, scored, strict=True):
             sample.reward = reward
             sample.reward_info = info
+            stats.add_info(info)
 
     async def _call(self, spec: RewardSpec, arg: Sample | list[Sample], kwargs: dict[str, Any]) -> Any:
         if spec.is_async:

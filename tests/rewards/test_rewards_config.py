@@ -31,11 +31,13 @@ def _custom_fns_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_builtins_are_registered_as_sample_rewards() -> None:
-    assert set(REWARDS) == BUILTINS
+    assert set(REWARDS) == BUILTINS | {"genrm"}
     for name in BUILTINS:
         spec = resolve_reward(name)
         assert spec.name == name and spec.kind == "sample" and spec.reward_key == "reward"
     assert resolve_reward("remote").is_async and not resolve_reward("math").is_async
+    genrm = resolve_reward("genrm")  # the LLM judge: one service request per group
+    assert genrm.kind == "group" and genrm.is_async and genrm.reward_key == "reward"
 
 
 def test_import_paths_resolve_with_their_declared_kind() -> None:

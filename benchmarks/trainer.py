@@ -1,0 +1,186 @@
+"""Training throughput of the FSDP2 backend: tokens/s, MFU on GPU, and weight-publish (gather) time.
+
+One in-process rank (world size 1) on a randomly initialised model of a preset's shape; a GRPO loss on
+random tokens with random +-1 advantages. MFU = 6 x parameters x trained tokens / time / peak, with the
+H200's dense bf16 peak of 790 TFLOP/s (attention FLOPs are not counted, as usual for this formula).
+
+    python benchmarks/trainer.py --preset qwen2.5-0.5b --dtype bfloat16 --device cuda
+    python benchmarks/trainer.py --preset tiny --device cpu --batch 8 --seq 64     # a CPU smoke run
+
+The last line printed is a JSON object with every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("relax.benchmarks.trainer")
+
+PEAK_FLOPS = {"cuda": 790e12}  # H200 dense bf16
+PRESETS = {
+    # Qwen2.5-0.5B: 24 layers, hidden 896, 14 heads / 2 KV heads, MLP 4864, vocab 151936, tied embeddings
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=512,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def write_model(preset: str, dtype: str, out: Path) -> int:
+    """Save a random-initialised model of the preset's shape; return its parameter count."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(**PRESETS[preset])
+    model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    model.save_pretrained(out)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_batch(n: int, seq: int, prompt_len: int, vocab: int):
+    from relax.data.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (n, seq), generator=g)
+    resp = seq - prompt_len
+    b = TrainBatch(
+        prompt_ids=ids[:, :prompt_len].tolist(),
+        response_ids=ids[:, prompt_len:].tolist(),
+        loss_mask=[[1.0] * resp for _ in range(n)],
+        rollout_log_probs=[[0.0] * resp for _ in range(n)],
+        rewards=[float(i % 2) for i in range(n)],
+        group_index=[i // 4 for i in range(n)],
+        weight_versions=[0] * n,
+    )
+    b.advantages = [torch.full((resp,), 1.0 if i % 2 else -1.0) for i in range(n)]
+    return b
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--dtype", default="float32", help="model dtype (bf16 mixed precision on cuda)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--batch", type=int, default=32, help="sequences per step")
+    p.add_argument("--seq", type=int, default=1024, help="tokens per sequence (prompt + response)")
+    p.add_argument(
+        "--prompt-len", type=int, default=8, help="prompt tokens (logits are computed for the rest)"
+    )
+    p.add_argument("--micro-tokens", type=int, default=16384, help="token budget of one micro-batch")
+    p.add_argument("--steps", type=int, default=5, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
+    p.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--profile", action="store_true", help="print the top kernels of one profiled step")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    from relax.algorithms import AlgorithmConfig
+    from relax.algorithms.pipeline import make_policy_loss
+    from relax.backends.training.fsdp import FSDPWorker, merge_partials
+    from relax.config.schema import TrainerConfig
+
+    tmp = Path(tempfile.mkdtemp(prefix="relax-bench-"))
+    n_params = write_model(args.preset, args.dtype, tmp)
+    cfg = TrainerConfig(
+        backend="fsdp",
+        device=args.device,
+        lr=1e-6,
+        threads=args.threads,
+        max_tokens_per_micro_batch=args.micro_tokens,
+        gradient_checkpointing=args.grad_ckpt,
+        compile_layers=args.compile,
+        mixed_precision="bf16" if args.dtype == "bfloat16" else "none",
+    )
+    worker = FSDPWorker(str(tmp), cfg, dtype=args.dtype, total_steps=args.warmup + args.steps)
+    worker.setup("127.0.0.1", _free_port())
+    batch = make_batch(args.batch, args.seq, args.prompt_len, PRESETS[args.preset]["vocab_size"])
+    loss_fn = make_policy_loss(AlgorithmConfig())
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+
+    t0 = time.perf_counter()
+    batch.old_log_probs = worker.compute_log_probs(batch)
+    sync()
+    logp_s = time.perf_counter() - t0
+    for _ in range(args.warmup):
+        worker.train_minibatches([batch], loss_fn)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        metrics = merge_partials([worker.train_minibatches([batch], loss_fn)])
+    sync()
+    step_s = (time.perf_counter() - t0) / args.steps
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            worker.train_minibatches([batch], loss_fn)
+            sync()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
+    tokens = args.batch * args.seq
+    publish = worker.publish(worker.step, "full", args.dtype)  # gather + cast (no engines attached)
+    result = {
+        "preset": args.preset,
+        "device": args.device,
+        "dtype": args.dtype,
+        "params": n_params,
+        "tokens_per_step": tokens,
+        "step_s": step_s,
+        "train_tokens_per_s": tokens / step_s,
+        "logprob_tokens_per_s": tokens / logp_s,
+        "publish_s": publish["perf/weight_publish_s"],
+        "publish_bytes": publish["perf/weight_sync_bytes"],
+        "loss": metrics["train/loss"],
+        "grad_ckpt": args.grad_ckpt,
+        "compile": args.compile,
+        "micro_tokens": args.micro_tokens,
+    }
+    if args.device in PEAK_FLOPS:
+        result["mfu"] = 6 * n_params * tokens / step_s / PEAK_FLOPS[args.device]
+        result["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    logger.info(
+        "%.0f train tokens/s (%.3fs/step)%s; publish %.3fs for %.1f MB",
+        result["train_tokens_per_s"],
+        step_s,
+        f", MFU {result['mfu']:.1%}" if "mfu" in result else "",
+        result["publish_s"],
+        result["publish_bytes"] / 1e6,
+    )
+    worker.shutdown()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

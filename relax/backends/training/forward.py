@@ -1,0 +1,102 @@
+"""One micro-batch through the model: left-padded inputs in, response log-probs / entropy / values out.
+
+Sequences are LEFT-padded, so every response ends at the last position and the model computes logits
+only for the last T+1 positions (`logits_to_keep`), never for the prompt: with a 151k vocabulary the
+logits are most of the activation memory. Outputs come back left-aligned, [B, T] with response token t
+in column t and zeros past each response, as `PolicyLossInputs` expects.
+
+Log-probs and entropy are written from the log-sum-exp, so no [B, T, V] log-softmax copy is kept:
+:math:`\\log p(y_t) = z_{y_t} - \\mathrm{lse}(z)` and :math:`H = \\mathrm{lse}(z) - \\sum_v p_v z_v`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from relax.data.batch import TrainBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MicroBatch:
+    """Model inputs of a few samples of a (rank-local) batch, left-padded to the longest."""
+
+    input_ids: Tensor  # [B, L] prompt + response tokens, left-padded with 0
+    attention_mask: Tensor  # [B, L] 1 on real tokens
+    position_ids: Tensor  # [B, L] 0.. from each row's first real token
+    response_lens: Tensor  # [B] (cpu) response length R_b
+    T: int  # longest response (>= 1)
+    index: list[int]  # rows of the batch; empty for a dummy micro-batch
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def build_micro_batch(batch: TrainBatch | None, idx: list[int], device: torch.device) -> MicroBatch:
+    """Inputs for rows `idx` of `batch`; `batch=None` gives a one-token dummy (keeps ranks in lockstep)."""
+    if batch is None:
+        seqs, rlen, idx = [[0, 0]], [1], []
+    else:
+        seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in idx]
+        rlen = [len(batch.response_ids[i]) for i in idx]
+    L = max(len(s) for s in seqs)
+    input_ids = torch.zeros(len(seqs), L, dtype=torch.long)
+    attn = torch.zeros(len(seqs), L, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        input_ids[row, L - len(s) :] = torch.tensor(s)
+        attn[row, L - len(s) :] = 1
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    return MicroBatch(
+        input_ids.to(device),
+        attn.to(device),
+        position_ids.to(device),
+        torch.tensor(rlen),
+        max(1, max(rlen)),
+        list(idx),
+    )
+
+
+def left_align(x_BT: Tensor, response_lens: Tensor) -> Tensor:
+    """Right-aligned rows (response ends at column T-1) -> left-aligned, zero past each response."""
+    T = x_BT.size(1)
+    cols = torch.arange(T)[None, :]
+    src = (T - response_lens[:, None] + cols).clamp(0, T - 1).to(x_BT.device)  # [B, T]
+    valid = (cols < response_lens[:, None]).to(x_BT.device)
+    return torch.where(valid, x_BT.gather(1, src), torch.zeros((), dtype=x_BT.dtype, device=x_BT.device))
+
+
+def policy_forward(model: nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """Log-probs [B, T] (and entropy [B, T]) of the response tokens, with grad if grad is enabled."""
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        use_cache=False,
+        logits_to_keep=mb.T + 1,
+    )
+    logits_BTV = out.logits[:, :-1].float()  # position p predicts token p+1
+    targets_BT = mb.input_ids[:, -mb.T :]
+    lse_BT = torch.logsumexp(logits_BTV, dim=-1)
+    logp_BT = logits_BTV.gather(-1, targets_BT[..., None]).squeeze(-1) - lse_BT
+    entropy_BT = None
+    if with_entropy:
+        entropy_BT = lse_BT - (torch.softmax(logits_BTV, dim=-1) * logits_BTV).sum(-1)
+        entropy_BT = left_align(entropy_BT, mb.response_lens)
+    return left_align(logp_BT, mb.response_lens), entropy_BT
+
+
+def value_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
+    """Critic values [B, T] of the states that emit each response token (a `ValueHeadModel`)."""
+    values_BL = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+    return left_align(values_BL[:, -mb.T - 1 : -1].float(), mb.response_lens)
+
+
+def split_rows(x_BT: Tensor, mb: MicroBatch) -> dict[int, Tensor]:
+    """{batch row: its [R_b] slice on cpu} for a forward-only result."""
+    return {i: x_BT[row, : int(mb.response_lens[row])].detach().cpu() for row, i in enumerate(mb.index)}

@@ -1,0 +1,205 @@
+"""A group of FSDP training ranks, one Ray actor each, placed together with a placement group.
+
+`TrainerGroup` has the methods of `TorchTrainer` (`compute_log_probs`, `train_batch`, `named_weights`,
+`save`, `load`, `step`), so the roles use either. It splits a `TrainBatch` across ranks by tokens
+(longest sample first onto the least-loaded rank), calls every rank at once (each call is a collective
+among the ranks) and puts the answers back in the batch's order. Publishing runs on the ranks: all
+gather full tensors bucket by bucket and rank 0 broadcasts them to the engines.
+
+Rendezvous: rank 0's actor reports its node IP and a free port; every rank then joins
+`tcp://ip:port` (gloo on CPU, NCCL on GPU). The same code runs 1 rank on a laptop and N ranks across the
+nodes of a Ray cluster (checkpoints then need a folder every node sees).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax.backends.training.base import LossFn
+from relax.backends.training.fsdp import FSDPWorker, merge_partials
+from relax.config.schema import TrainerConfig
+from relax.data.batch import TrainBatch
+
+logger = logging.getLogger(__name__)
+
+
+def balance_by_tokens(lengths: list[int], num_ranks: int) -> list[list[int]]:
+    """Indices per rank, each list in the batch's order; greedy longest-first onto the lightest rank."""
+    load = [0] * num_ranks
+    shards: list[list[int]] = [[] for _ in range(num_ranks)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = min(range(num_ranks), key=lambda r: (load[r], len(shards[r])))
+        shards[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(s) for s in shards]
+
+
+def subset(batch: TrainBatch, idx: list[int]) -> TrainBatch:
+    """The rows `idx` of `batch` (every per-sample column, extras included)."""
+
+    def pick(rows: list | None) -> list | None:
+        return None if rows is None else [rows[i] for i in idx]
+
+    return TrainBatch(
+        prompt_ids=pick(batch.prompt_ids),
+        response_ids=pick(batch.response_ids),
+        loss_mask=pick(batch.loss_mask),
+        rollout_log_probs=pick(batch.rollout_log_probs),
+        rewards=pick(batch.rewards),
+        group_index=pick(batch.group_index),
+        weight_versions=pick(batch.weight_versions),
+        old_log_probs=pick(batch.old_log_probs),
+        ref_log_probs=pick(batch.ref_log_probs),
+        advantages=pick(batch.advantages),
+        returns=pick(batch.returns),
+        extras={k: pick(v) for k, v in batch.extras.items()},
+    )
+
+
+class TrainerGroup:
+    def __init__(
+        self,
+        model_path: str,
+        cfg: TrainerConfig,
+        *,
+        dtype: str = "float32",
+        total_steps: int = 1,
+        with_reference: bool = False,
+        seed: int = 0,
+        critic: bool = False,
+    ) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.cfg = cfg
+        n = cfg.num_ranks
+        gpus = 1 if _wants_gpu(cfg) else 0
+        bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        self.pg = placement_group([bundle] * n, strategy="PACK")
+        ray.get(self.pg.ready(), timeout=300)
+        rank_cls = ray.remote(FSDPWorker)
+        self.ranks = [
+            rank_cls.options(
+                num_cpus=cfg.cpus_per_rank,
+                num_gpus=gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r),
+            ).remote(
+                model_path,
+                cfg,
+                rank=r,
+                world_size=n,
+                dtype=dtype,
+                total_steps=total_steps,
+                with_reference=with_reference,
+                seed=seed,
+                critic=critic,
+            )
+            for r in range(n)
+        ]
+        addr, port = ray.get(self.ranks[0].address.remote())
+        self._call_all("setup", addr, port)
+        self.step = 0  # the weight version of the current parameters (all ranks agree)
+        logger.info("trainer group: %d FSDP ranks, rendezvous at %s:%d", n, addr, port)
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(r, method).remote(*args, **kwargs) for r in self.ranks])
+
+    def _call_sharded(self, method: str, shards: list[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        import ray
+
+        calls = [
+            getattr(r, method).remote(s, *args, **kwargs) for r, s in zip(self.ranks, shards, strict=True)
+        ]
+        return ray.get(calls)
+
+    def _per_sample(self, method: str, batch: TrainBatch, **kwargs: Any) -> list[torch.Tensor]:
+        shards = balance_by_tokens(batch.seq_lens(), len(self.ranks))
+        results = self._call_sharded(method, [subset(batch, s) for s in shards], **kwargs)
+        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        for idx, rows in zip(shards, results, strict=True):
+            for i, row in zip(idx, rows, strict=True):
+                out[i] = row
+        return out
+
+    # -- the TrainingBackend seam ------------------------------------------------------------
+    def compute_log_probs(self, batch: TrainBatch, *, reference: bool = False) -> list[torch.Tensor]:
+        return self._per_sample("compute_log_probs", batch, reference=reference)
+
+    def compute_entropy(self, batch: TrainBatch) -> list[torch.Tensor]:
+        return self._per_sample("compute_entropy", batch)
+
+    def compute_values(self, batch: TrainBatch) -> list[torch.Tensor]:
+        return self._per_sample("compute_values", batch)
+
+    def train_batch(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        """`num_mini_batches` optimizer steps (the same mini-batches as `TorchTrainer`), each split by tokens."""
+        if batch.advantages is None and batch.returns is None:
+            raise ValueError("train_batch needs batch.advantages (policy) or batch.returns (critic)")
+        m = self.cfg.num_mini_batches
+        minis = [list(range(len(batch)))[k::m] for k in range(m)]
+        per_rank: list[list[TrainBatch]] = [[] for _ in self.ranks]
+        for mini in minis:
+            for r, shard in enumerate(
+                balance_by_tokens([batch.seq_lens()[i] for i in mini], len(self.ranks))
+            ):
+                per_rank[r].append(subset(batch, [mini[j] for j in shard]))
+        partials = self._call_sharded("train_minibatches", per_rank, loss_fn)
+        self.step += m
+        return merge_partials(partials)
+
+    def named_weights(self, mode: str = "full") -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights under engine names, gathered on rank 0 and returned here (tests, disk sync)."""
+        yield from self._call_all("named_weights", mode)[0].items()
+
+    def gather_optimizer_state(self, key: str = "exp_avg") -> dict[str, torch.Tensor]:
+        return self._call_all("gather_optimizer_state", key)[0]
+
+    # -- publishing --------------------------------------------------------------------------
+    def connect_engines(self, urls: list[str]) -> None:
+        self._call_all("connect_engines", urls)
+
+    def publish(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
+        """All ranks gather, rank 0 broadcasts to the connected engines; returns bytes and seconds."""
+        return self._call_all("publish", version, mode, dtype)[0]
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save(self, path: Path | str) -> None:
+        self._call_all("save", str(path))
+
+    def load(self, path: Path | str) -> None:
+        self.step = self._call_all("load", str(path))[0]
+
+    def kill(self) -> None:
+        """End the rank actors at once (no clean-up on the ranks), as a crash would."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for r in self.ranks:
+            ray.kill(r)
+        remove_placement_group(self.pg)
+        self.ranks = []
+
+    def shutdown(self) -> None:
+        """End the rank actors cleanly and free their placement group."""
+        try:
+            self._call_all("shutdown")
+        except Exception:  # noqa: BLE001 - a rank may already be dead; kill them anyway
+            logger.exception("trainer group: clean shutdown failed")
+        self.kill()
+
+
+def _wants_gpu(cfg: TrainerConfig) -> bool:
+    if cfg.device != "auto":
+        return cfg.device == "cuda"
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
