@@ -10,4 +10,5 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q torch==2.13.0 -e .
 [ -f .relax/assets/tiny-qwen2/config.json ] || .venv/bin/relax tiny-model --family qwen2 --out .relax/assets/tiny-qwen2
 [ -f .relax/assets/arith_train.jsonl ] || .venv/bin/relax data arith --out .relax/assets/arith_train.jsonl --n 2000
+[ -f .relax/assets/arith_eval.jsonl ] || .venv/bin/relax data arith --out .relax/assets/arith_eval.jsonl --n 100 --seed 1
 exec .venv/bin/relax train examples/quickstart.yaml "$@"
