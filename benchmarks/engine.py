@@ -57,10 +57,26 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def logprob_gap(model, prompts: list[list[int]], outs: list) -> dict:
+    """Engine log-probs against the `transformers` forward's log_softmax (T = 1) of the same tokens, over
+    the first 8 requests: mean and max absolute difference."""
+    diffs = []
+    with torch.inference_mode():
+        for prompt, out in list(zip(prompts, outs, strict=True))[:8]:
+            ids = torch.tensor([prompt + out.output_ids], device=model.device)
+            logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+            ref = logp.gather(1, torch.tensor(out.output_ids, device=model.device)[:, None])[:, 0]
+            diffs.append((ref.cpu() - torch.tensor(out.output_logprobs)).abs())
+    d = torch.cat(diffs)
+    return {"logprob_diff_mean": round(float(d.mean()), 4), "logprob_diff_max": round(float(d.max()), 4)}
+
+
 def bench_generate(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]], lengths: list[int]):
-    """Seconds `generate` takes over all prompts, batched as a user would (left padding, sampling)."""
+    """Seconds `generate` takes over all prompts, batched as a user would (left padding, sampling), and
+    the engine log-probs' gap to this model's (see `logprob_gap`)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
     model = model.to(args.device).eval()
+    gap = logprob_gap(model, prompts, args.engine_outs)
     kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
     bs = args.hf_batch_size or len(prompts)
     order = (
@@ -83,12 +99,17 @@ def bench_generate(model_dir: Path, args: argparse.Namespace, prompts: list[list
     del model
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
-    return seconds
+    return seconds, gap
 
 
 def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]], lengths: list[int]):
     engine = EmbeddedEngine(
-        str(model_dir), device=args.device, dtype=args.dtype, max_running=len(prompts), seed=0
+        str(model_dir),
+        device=args.device,
+        dtype=args.dtype,
+        max_running=len(prompts),
+        seed=0,
+        cuda_graphs=not args.no_cuda_graphs,
     ).start()
     params = {"temperature": 1.0, "ignore_eos": True}
     try:
@@ -106,7 +127,61 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
     finally:
         engine.shutdown()
     assert [len(o.output_ids) for o in outs] == lengths, "the engine stopped a request early"
+    args.engine_outs = outs
     return seconds
+
+
+def profile_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]]) -> dict:
+    """Time and profile decode steps of a full batch on the engine thread (no submission overhead)."""
+    import os
+
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = EmbeddedEngine(
+        str(model_dir),
+        device=args.device,
+        dtype=args.dtype,
+        max_running=len(prompts),
+        seed=0,
+        cuda_graphs=not args.no_cuda_graphs,
+    ).start()
+    engine.pause()
+    params = {"temperature": 1.0, "ignore_eos": True, "max_new_tokens": args.new_tokens}
+    futures = [engine.submit(p, params) for p in prompts]
+
+    def work() -> dict:
+        s = engine.scheduler
+        while s.waiting:
+            s.step()
+        for _ in range(5):
+            s.step()
+        times = []
+        for _ in range(20):
+            sync(args.device)
+            t0 = time.perf_counter()
+            s.step()
+            sync(args.device)
+            times.append(time.perf_counter() - t0)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+        with profile(activities=acts) as prof:
+            for _ in range(5):
+                s.step()
+            sync(args.device)
+        key = "self_cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=30), flush=True)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+        if os.environ.get("OUT"):
+            prof.export_chrome_trace(os.path.join(os.environ["OUT"], "trace.json"))
+        times.sort()
+        return {"batch": len(s.running), "step_ms_median": round(1e3 * times[len(times) // 2], 2)}
+
+    try:
+        out = engine._call(work)
+    finally:
+        engine.abort(abort_all=True)
+        engine.shutdown()
+    [f.result() for f in futures]
+    return out
 
 
 def main() -> None:
@@ -121,6 +196,8 @@ def main() -> None:
     ap.add_argument("--hf-batch-size", type=int, default=None, help="generate's batch size (default: all).")
     ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU.")
     ap.add_argument("--skip-hf", action="store_true", help="Measure the engine only.")
+    ap.add_argument("--profile", action="store_true", help="Time and profile full-batch decode steps only.")
+    ap.add_argument("--no-cuda-graphs", action="store_true", help="Run the engine's decode steps eagerly.")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
@@ -144,16 +221,20 @@ def main() -> None:
         prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
         result = {"preset": args.preset, "device": args.device, "dtype": args.dtype, "prompts": args.prompts}
         result |= {"prompt_len": args.prompt_len, "new_tokens": [min(lengths), max(lengths)], "tokens": total}
+        if args.profile:
+            print(json.dumps(result | profile_engine(model_dir, args, prompts)), flush=True)
+            return
         eng_s = bench_engine(model_dir, args, prompts, lengths)
         result |= {"engine_s": round(eng_s, 3), "engine_tok_s": round(total / eng_s, 1)}
         logger.info("embedded engine: %.2f s, %.0f tok/s", eng_s, total / eng_s)
         if not args.skip_hf:
-            hf_s = bench_generate(model_dir, args, prompts, lengths)
+            hf_s, gap = bench_generate(model_dir, args, prompts, lengths)
             logger.info("transformers generate: %.2f s, %.0f tok/s", hf_s, total / hf_s)
             result |= {
                 "hf_s": round(hf_s, 3),
                 "hf_tok_s": round(total / hf_s, 1),
                 "ratio": round(hf_s / eng_s, 2),
+                **gap,
             }
             logger.info("ratio engine / generate: %.2fx", hf_s / eng_s)
     print(json.dumps(result), flush=True)

@@ -6,6 +6,7 @@ H200's dense bf16 peak of 790 TFLOP/s (attention FLOPs are not counted, as usual
 
     python benchmarks/trainer.py --preset qwen2.5-0.5b --dtype bfloat16 --device cuda
     python benchmarks/trainer.py --preset tiny --device cpu --batch 8 --seq 64     # a CPU smoke run
+    python benchmarks/trainer.py --preset qwen2.5-0.5b --dtype bfloat16 --device cuda --head  # lm head only
 
 The last line printed is a JSON object with every number.
 """
@@ -87,6 +88,60 @@ def make_batch(n: int, seq: int, prompt_len: int, vocab: int):
     return b
 
 
+def bench_head(args: argparse.Namespace) -> None:
+    """Forward + backward of the lm head on `--micro-tokens` random tokens: the chunked autograd function
+    against full [N, V] fp32 logits. Prints times, peak memory and the differences of the results."""
+    from relax.backends.training.logprobs import token_logprobs
+
+    dev, dt = torch.device(args.device), getattr(torch, args.dtype)
+    shape = PRESETS[args.preset]
+    N, H, V = args.micro_tokens, shape["hidden_size"], shape["vocab_size"]
+    g = torch.Generator(device=dev).manual_seed(0)
+    hidden = torch.randn(N, H, device=dev, generator=g).to(dt).requires_grad_()
+    weight = (torch.randn(V, H, device=dev, generator=g) * 0.02).to(dt).requires_grad_()
+    targets = torch.randint(0, V, (N,), device=dev, generator=g)
+    up_logp, up_ent = torch.randn(N, device=dev, generator=g), torch.randn(N, device=dev, generator=g)
+    use_ent = args.entropy_coef > 0
+
+    def full():
+        logits = (hidden @ weight.T).float()
+        lse = torch.logsumexp(logits, -1)
+        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+        return logp, ent
+
+    def chunked():
+        return token_logprobs(hidden, weight, targets)
+
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    out: dict = {"tokens": N, "vocab": V, "entropy_grad": use_ent}
+    for name, fn in [("chunked", chunked), ("full", full)]:
+        hidden.grad = weight.grad = None
+        times = []
+        for it in range(args.warmup + args.steps):
+            if it == args.warmup and dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            sync()
+            t0 = time.perf_counter()
+            logp, ent = fn()
+            loss = (logp * up_logp).sum() + ((ent * up_ent).sum() if use_ent else 0.0)
+            hidden.grad = weight.grad = None
+            loss.backward()
+            sync()
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_ms"] = 1e3 * sum(times[args.warmup :]) / args.steps
+        if dev.type == "cuda":
+            out[f"{name}_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        out[name] = [t.detach().float() for t in (logp, ent, hidden.grad, weight.grad)]
+    for i, what in enumerate(["logp", "entropy", "grad_hidden", "grad_weight"]):
+        a, b = out["chunked"][i], out["full"][i]
+        out[f"{what}_rel_err"] = float((a - b).norm() / b.norm().clamp(min=1e-30))
+        out[f"{what}_max_abs"] = float((a - b).abs().max())
+    del out["chunked"], out["full"]
+    logger.info("lm head: chunked %.1f ms, full logits %.1f ms", out["chunked_ms"], out["full_ms"])
+    print(json.dumps(out))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
@@ -104,8 +159,20 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--profile", action="store_true", help="print the top kernels of one profiled step")
+    p.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus (its gradient then runs)")
+    p.add_argument(
+        "--keep-gathered",
+        action="store_true",
+        help="FSDP reshard_after_forward=False (no gather in backward)",
+    )
+    p.add_argument(
+        "--head", action="store_true", help="only time the lm head: chunked log-probs vs full logits"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.head:
+        bench_head(args)
+        return
 
     from relax.algorithms import AlgorithmConfig
     from relax.algorithms.pipeline import make_policy_loss
@@ -124,10 +191,16 @@ def main() -> None:
         compile_layers=args.compile,
         mixed_precision="bf16" if args.dtype == "bfloat16" else "none",
     )
-    worker = FSDPWorker(str(tmp), cfg, dtype=args.dtype, total_steps=args.warmup + args.steps)
+    worker = FSDPWorker(
+        str(tmp),
+        cfg,
+        dtype=args.dtype,
+        total_steps=args.warmup + args.steps,
+        reshard_after_forward=not args.keep_gathered,
+    )
     worker.setup("127.0.0.1", _free_port())
     batch = make_batch(args.batch, args.seq, args.prompt_len, PRESETS[args.preset]["vocab_size"])
-    loss_fn = make_policy_loss(AlgorithmConfig())
+    loss_fn = make_policy_loss(AlgorithmConfig(entropy_coef=args.entropy_coef))
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     t0 = time.perf_counter()
@@ -166,6 +239,8 @@ def main() -> None:
         "grad_ckpt": args.grad_ckpt,
         "compile": args.compile,
         "micro_tokens": args.micro_tokens,
+        "entropy_coef": args.entropy_coef,
+        "keep_gathered": args.keep_gathered,
     }
     if args.device in PEAK_FLOPS:
         result["mfu"] = 6 * n_params * tokens / step_s / PEAK_FLOPS[args.device]

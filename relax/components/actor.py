@@ -1,5 +1,6 @@
-"""The Actor role: the trainer of the policy. In colocate mode it also runs, in process, what the
-ActorFwd (old log-probs), Reference (reference log-probs) and Advantages roles do in fully_async mode.
+"""The Actor role: the trainer of the policy. It reads each step's rows from the data plane; in colocate
+and hybrid mode it also runs, in process, what the ActorFwd (old log-probs), Reference (reference
+log-probs) and Advantages roles do in fully_async mode.
 
 A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
 """
@@ -8,34 +9,58 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 import torch
 
-from relax.algorithms.pipeline import compute_advantages, make_policy_loss, make_value_loss
+from relax.algorithms.pipeline import make_policy_loss, make_value_loss
 from relax.algorithms.registry import get_algorithm
 from relax.backends.training.critic_backend import TorchCritic
 from relax.backends.training.torch_backend import TorchTrainer
+from relax.components.advantages import batch_advantages, needs_reference
 from relax.config import RelaxConfig
-from relax.data.batch import TrainBatch, pad_ragged
-from relax.data.sample import Sample
-from relax.distributed.actor_group import TrainerGroup
+from relax.data.batch import TrainBatch, pack_micro_batches
+from relax.data.rows import batch_from_columns
+from relax.distributed.actor_group import TrainerGroup, subset
+from relax.distributed.data_plane import (
+    ADVANTAGES,
+    LOG_PROBS,
+    REF_LOG_PROBS,
+    ROLLOUT_COLUMNS,
+    DataPlane,
+    connect_data_plane,
+    partition_name,
+)
+from relax.distributed.samplers import balance_partitions
 from relax.distributed.weight_publisher import WeightPublisher
+from relax.orchestration.staleness import staleness_metrics
 from relax.utils.timer import timer
 
 logger = logging.getLogger(__name__)
 
 
 class ActorRole:
-    def __init__(self, cfg: RelaxConfig) -> None:
+    def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
         from relax.utils.logging import setup_logging
 
         setup_logging()
         self.cfg = cfg
-        algo = cfg.algorithm
-        spec = get_algorithm(algo.name)
-        self.needs_reference = spec.needs_reference or algo.kl_coef > 0 or algo.reward_kl_coef > 0
+        spec = get_algorithm(cfg.algorithm.name)
+        # fully_async: ActorFwd, Reference and Advantages fill their columns; else they run in process.
+        self.in_process = cfg.resources.mode != "fully_async"
+        self.needs_reference = needs_reference(cfg) and self.in_process
+        if spec.needs_critic and not self.in_process:
+            raise ValueError(
+                f"algorithm {cfg.algorithm.name!r} trains a critic, which runs in process on the Actor; "
+                "use resources.mode=hybrid or colocate"
+            )
         self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
+        self.num_ranks = cfg.trainer.num_ranks
+        self.plane = plane if plane is not None else connect_data_plane(cfg.resources.data_plane)
+        self.train_columns = ROLLOUT_COLUMNS + [LOG_PROBS, ADVANTAGES]
+        if needs_reference(cfg):
+            self.train_columns.append(REF_LOG_PROBS)
         self.loss_fn = make_policy_loss(cfg.algorithm)
         # PPO's critic trains alongside the actor, in process in colocate mode.
         self.critic = None
@@ -48,25 +73,80 @@ class ActorRole:
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
 
     # -- training ----------------------------------------------------------------------------
-    async def train(self, samples: list[Sample]) -> dict[str, float]:
-        return await asyncio.to_thread(self.train_sync, samples)
-
-    def train_sync(self, samples: list[Sample]) -> dict[str, float]:
+    async def train(self, step: int) -> dict[str, float]:
+        """Train on step `step`'s partition, then clear it. fully_async: wait until every row has its
+        advantages (and the columns they came from); otherwise stream the rows in sub-batches of whole
+        groups, computing old/ref log-probs on each as it arrives, then advantages in process."""
+        r = self.cfg.rollout
+        total = r.prompts_per_step * r.n_samples_per_prompt
+        partition = partition_name(step)
         times: dict[str, float] = {}
-        batch = TrainBatch.from_samples(samples)
-        with timer("old_log_probs", times):
-            batch.old_log_probs = self.trainer.compute_log_probs(batch)
-        if self.needs_reference:
-            with timer("ref_log_probs", times):
-                batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
+        with timer("wait_data", times):
+            if self.in_process:
+                columns = await self._stream_forward(partition, total, times)
+            else:
+                data = await self.plane.get(partition, self.train_columns, "actor", total)
+                columns = data.columns
+        metrics = await asyncio.to_thread(self.train_sync, batch_from_columns(columns), times)
+        await self.plane.clear(partition)
+        return metrics
+
+    async def _stream_forward(self, partition: str, total: int, times: dict[str, float]) -> dict[str, list]:
+        r = self.cfg.rollout
+        chunk = r.n_samples_per_prompt * max(1, r.prompts_per_step // 4)  # sub-batch of whole groups
+        columns: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
+        columns[LOG_PROBS], columns[REF_LOG_PROBS] = [], []
+        while len(columns["reward"]) < total:
+            data = await self.plane.get(
+                partition,
+                ROLLOUT_COLUMNS,
+                "actor",
+                min(chunk, total - len(columns["reward"])),
+                sampler="whole_groups",
+            )
+            sub = batch_from_columns(data.columns)
+            with timer("old_log_probs", times):
+                columns[LOG_PROBS] += await asyncio.to_thread(self.trainer.compute_log_probs, sub)
+            if self.needs_reference:
+                with timer("ref_log_probs", times):
+                    columns[REF_LOG_PROBS] += await asyncio.to_thread(
+                        self.trainer.compute_log_probs, sub, reference=True
+                    )
+            for c in ROLLOUT_COLUMNS:
+                columns[c] += data.columns[c]
+        if not self.needs_reference:
+            del columns[REF_LOG_PROBS]
+        if self.cfg.resources.balance_data:
+            order = [i for part in balance_partitions(columns["length"], self.num_ranks) for i in part]
+            columns = {c: [v[i] for i in order] for c, v in columns.items()}
+        return columns
+
+    def train_sync(self, batch: TrainBatch, times: dict[str, float] | None = None) -> dict[str, float]:
+        times = times if times is not None else {}
+        if batch.old_log_probs is None:  # a whole batch handed in directly (tests)
+            with timer("old_log_probs", times):
+                batch.old_log_probs = self.trainer.compute_log_probs(batch)
+            if self.needs_reference:
+                with timer("ref_log_probs", times):
+                    batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
         values = None
         if self.critic is not None:
             with timer("values", times):
                 values = self.critic.compute_values(batch)
-        with timer("advantages", times):
-            adv_metrics = self._advantages(batch, values)
+        adv_metrics: dict[str, float] = {}
+        if batch.advantages is None:
+            with timer("advantages", times):
+                adv_metrics = batch_advantages(self.cfg, batch, values)
+        metrics = {
+            **staleness_metrics(
+                self.trainer.step, batch.extras.get("weight_versions", [[v] for v in batch.weight_versions])
+            ),
+            **self._ratio_check(batch),
+        }
+        if self.cfg.resources.debug_train_delay_s:
+            time.sleep(self.cfg.resources.debug_train_delay_s)
         with timer("update", times):
-            metrics = self.trainer.train_batch(batch, self.loss_fn)
+            metrics.update(self.trainer.train_batch(batch, self.loss_fn))
         if self.critic is not None:
             with timer("critic_update", times):
                 metrics.update(self.critic.train_values(batch, values, self.value_loss_fn))
@@ -76,25 +156,22 @@ class ActorRole:
         metrics.update(self.sync_stats)  # the publish that gave the engines the weights of this rollout
         return metrics
 
-    def _advantages(self, batch: TrainBatch, values: list[torch.Tensor] | None) -> dict[str, float]:
-        lens = batch.response_lens()
-        T = max(1, max(lens))
-        mask_NT = pad_ragged(batch.loss_mask, T)
-        out = compute_advantages(
-            self.cfg.algorithm,
-            torch.tensor(batch.rewards, dtype=torch.float32),
-            torch.tensor(batch.group_index, dtype=torch.long),
-            mask_NT,
-            log_probs_NT=pad_ragged(batch.old_log_probs, T),
-            ref_log_probs_NT=pad_ragged(batch.ref_log_probs, T) if batch.ref_log_probs else None,
-            values_NT=pad_ragged(values, T) if values is not None else None,
-            response_lengths_N=torch.tensor(lens),
-            max_response_len=self.cfg.rollout.max_new_tokens,
-        )
-        batch.advantages = [out.advantages_NT[i, : lens[i]] for i in range(len(batch))]
-        if out.returns_NT is not None:
-            batch.returns = [out.returns_NT[i, : lens[i]] for i in range(len(batch))]
-        return {f"advantages/{k}": v for k, v in out.metrics.items()}
+    def _ratio_check(self, batch: TrainBatch) -> dict[str, float]:
+        """pi_theta / pi_old (and pi_theta / mu) on the first micro-batch, before the update: exactly 1
+        when the run is on-policy and the old log-probs came from the current weights."""
+        idx = pack_micro_batches(batch.seq_lens(), self.cfg.trainer.max_tokens_per_micro_batch)[0]
+        sub = subset(batch, idx)
+        current = self.trainer.compute_log_probs(sub)
+        dev_old, dev_mu = 0.0, 0.0
+        for k, i in enumerate(idx):
+            m = torch.tensor(batch.loss_mask[i]) > 0
+            if not m.any():
+                continue
+            dev_old = max(dev_old, float((current[k] - batch.old_log_probs[i]).exp().sub(1).abs()[m].max()))
+            mu = torch.tensor(batch.rollout_log_probs[i])
+            if mu.numel() == current[k].numel():
+                dev_mu = max(dev_mu, float((current[k] - mu).exp().sub(1).abs()[m].max()))
+        return {"staleness/first_mb_ratio_dev": dev_old, "staleness/first_mb_behaviour_ratio_dev": dev_mu}
 
     # -- weights -----------------------------------------------------------------------------
     async def connect_engines(self, urls: list[str]) -> None:
@@ -136,6 +213,10 @@ class ActorRole:
 
     def weight_version(self) -> int:
         return self.trainer.step
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The current policy weights on CPU (for ActorFwd in fully_async mode)."""
+        return {n: t.detach().cpu() for n, t in self.trainer.named_weights()}
 
 
 def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | TrainerGroup:

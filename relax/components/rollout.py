@@ -1,5 +1,7 @@
 """The Rollout role: draws prompts, generates responses on the inference engines through the router,
-scores them, and hands back `Sample`s that carry the weight version that produced them.
+scores them, and streams the `Sample`s (with the weight versions that produced them) into the step's
+data-plane partition: one step on request (colocate), or running ahead in a background task gated by
+the staleness rule (hybrid, fully_async), with weight updates in between or during generation.
 
 A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
 """
@@ -7,30 +9,28 @@ A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptSource, load_prompts
+from relax.data.rows import sample_to_row
 from relax.data.sample import Sample
+from relax.distributed.data_plane import DataPlane, connect_data_plane, partition_name
 from relax.engine.evaluator import Evaluator
 from relax.engine.rollout_loop import RolloutLoop
 from relax.engine.router import Router
+from relax.engine.step_producer import StepProducer
+from relax.orchestration.staleness import StalenessGate
 from relax.rewards import build_scorer
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class RolloutResult:
-    samples: list[Sample]  # n_samples_per_prompt per prompt, grouped by group_id
-    metrics: dict[str, float]  # rollout/* and reward/* metrics of this step
-
-
 class RolloutRole:
-    def __init__(self, cfg: RelaxConfig) -> None:
+    def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
         from transformers import AutoTokenizer
 
         from relax.utils.logging import setup_logging
@@ -46,6 +46,7 @@ class RolloutRole:
                 messages_key=d.messages_key,
                 label_key=d.label_key,
                 metadata_key=d.metadata_key,
+                media_keys=d.media.keys(),
             )
         self.source = PromptSource(rows, shuffle=d.shuffle, seed=cfg.run.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
@@ -65,14 +66,85 @@ class RolloutRole:
         self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
         self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))
         self.evaluator = Evaluator(cfg, self.loop)
+        self.producer = StepProducer(cfg, self.loop, self.source)
+        self._plane = plane  # connected on first use (eval-only runs have no data plane)
+        self.gate: StalenessGate | None = None
+        self._ahead_task: asyncio.Task | None = None
+        self._metrics: dict[int, dict[str, float]] = {}  # step -> rollout metrics, until collected
+        self._ahead: dict[int, int] = {}  # step -> steps ahead of training when it started
+        self._source_states: dict[int, dict] = {}  # step -> prompt position before it was drawn
+        self._trained = 0  # last training step whose weights the engines hold
 
     def engine_urls(self) -> list[str]:
         return self.router.urls()
 
-    async def generate(self, step: int) -> RolloutResult:
-        rows = self.source.next_batch(self.cfg.rollout.prompts_per_step)
-        samples, metrics = await self.loop.run(rows, step)
-        return RolloutResult(samples, metrics)
+    @property
+    def plane(self) -> DataPlane:
+        if self._plane is None:
+            self._plane = connect_data_plane(self.cfg.resources.data_plane)
+        return self._plane
+
+    # -- training rollout: one step now (colocate) or running ahead (hybrid, fully_async) -----------
+    async def generate(self, step: int) -> dict[str, float]:
+        """Generate step `step` into its data-plane partition; returns its rollout metrics."""
+        self._source_states[step] = self.source.state_dict()  # the data position before this step
+        partition = partition_name(step)
+
+        async def sink(group: list[Sample]) -> None:
+            await self.plane.put_rows(partition, [sample_to_row(s) for s in group])
+
+        metrics = await self.producer.produce(step, sink)
+        self._metrics[step] = metrics
+        return metrics
+
+    async def start(self, first_step: int) -> None:
+        """Run ahead from `first_step` in the background, gated by the staleness rule."""
+        self.gate = StalenessGate(self.cfg.resources.max_staleness, first_step)
+        self._ahead_task = asyncio.create_task(self._run_ahead(first_step))
+
+    async def _run_ahead(self, step: int) -> None:
+        while step <= self.cfg.trainer.num_steps:
+            ahead = await self.gate.wait_until_may_start(step)
+            self._ahead[step] = ahead
+            await self.generate(step)
+            step += 1
+
+    async def metrics(self, step: int) -> dict[str, float]:
+        """Wait until the background rollout finished step `step`; its metrics (re-raises its failure)."""
+        while step not in self._metrics:
+            if self._ahead_task is None or self._ahead_task.done():
+                if self._ahead_task is not None and self._ahead_task.exception() is not None:
+                    raise self._ahead_task.exception()
+                raise RuntimeError(f"rollout is not running ahead; step {step} will never be generated")
+            await asyncio.sleep(0.01)
+        return {**self._metrics.pop(step), "staleness/rollout_ahead": float(self._ahead.pop(step, 0))}
+
+    async def check(self) -> None:
+        """Raise the background rollout's failure, if it failed."""
+        if self._ahead_task is not None and self._ahead_task.done() and not self._ahead_task.cancelled():
+            if self._ahead_task.exception() is not None:
+                raise self._ahead_task.exception()
+
+    async def begin_weight_update(self) -> None:
+        """Before a weight push: abort (partial rollout) or wait for in-flight generation."""
+        await self.loop.inflight.begin_update()
+
+    async def end_weight_update(self, trained_step: int) -> None:
+        """After the push of training step `trained_step`'s weights: generation continues, and the
+        staleness gate counts that step as consumed."""
+        self.loop.inflight.end_update()
+        if self.gate is not None:
+            await self.gate.mark_consumed(trained_step)
+        self._trained = trained_step
+        for s in [s for s in self._source_states if s <= trained_step]:
+            self._source_states.pop(s)
+
+    async def stop(self) -> None:
+        if self._ahead_task is not None:
+            self._ahead_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._ahead_task
+            self._ahead_task = None
 
     async def evaluate(self, step: int, out_dir: str | None = None) -> dict[str, float]:
         """Evaluate every configured held-out set on the engines' current weights; response samples go
@@ -81,12 +153,16 @@ class RolloutRole:
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        Path(path).write_text(json.dumps({"source": self.source.state_dict()}))
+        """The data position of training: prompts of steps generated ahead are not counted."""
+        state = self._source_states.get(self._trained + 1, self.source.state_dict())
+        Path(path).write_text(json.dumps({"source": state}))
 
     def load(self, path: str) -> None:
         self.source.load_state_dict(json.loads(Path(path).read_text())["source"])
 
     async def stop_engines(self) -> None:
+        await self.stop()
+        self.loop.close()
         await self.router.close()
         if self.engine_group is not None:
             await asyncio.to_thread(self.engine_group.stop)

@@ -36,6 +36,35 @@ class ModelConfig(Section):
     )
 
 
+class MediaConfig(Section):
+    """Multimodal rows: where their media are listed and how the model's processor turns them into tensors."""
+
+    image_key: str = Field("images", description="Row field listing the images of the <image> placeholders.")
+    video_key: str = Field("videos", description="Row field listing the videos of the <video> placeholders.")
+    audio_key: str = Field("audios", description="Row field listing the audio clips of the <audio> placeholders.")
+    processor: Literal["direct", "full", "auto"] = Field(
+        "direct",
+        description="`direct`: the image processor and feature extractor, placeholders expanded by Relax (no "
+        "torchvision needed); `full`: the model's processor class; `auto`: full if it loads, else direct.",
+    )
+    workers: int = Field(
+        2, ge=0, description="Worker processes that load and process media (0 = a thread of the rollout role)."
+    )
+    image_min_pixels: int | None = Field(None, gt=0, description="Resize floor in pixels (None = the model's).")
+    image_max_pixels: int | None = Field(None, gt=0, description="Resize cap in pixels (None = the model's).")
+    video_fps: float = Field(2.0, gt=0, description="Frames per second sampled from a video.")
+    video_max_frames: int = Field(16, gt=0, description="Cap on sampled frames per video (evenly spread).")
+    video_max_tokens: int = Field(
+        256, gt=0, description="Token budget per video; frames are shrunk to fit it (at least 1 token/frame pair)."
+    )
+    audio_max_seconds: float = Field(30.0, gt=0, le=30.0, description="Longer audio clips are an error.")
+    cache_rows: int = Field(256, ge=0, description="Processed rows kept in memory for reuse (LRU).")
+
+    def keys(self) -> dict[str, str]:
+        """Media kind -> row field."""
+        return {"image": self.image_key, "video": self.video_key, "audio": self.audio_key}
+
+
 class DataConfig(Section):
     train_files: list[str] = Field(..., min_length=1, description="Prompt files (.jsonl or .parquet).")
     prompt_key: str = Field("prompt", description="Row field holding a plain-text prompt.")
@@ -46,6 +75,7 @@ class DataConfig(Section):
     system_prompt: str | None = Field(None, description="System message prepended when templating.")
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by run.seed).")
     max_prompt_len: int = Field(1024, gt=0, description="Prompts longer than this (tokens) are an error.")
+    media: MediaConfig = Field(default_factory=MediaConfig, description="Images, videos and audio of rows.")
 
 
 class RolloutConfig(Section):
@@ -66,6 +96,17 @@ class RolloutConfig(Section):
     engine_max_running: int = Field(256, gt=0, description="Max concurrently decoded requests per engine.")
     engine_threads: int = Field(2, gt=0, description="torch intra-op threads of each embedded engine (CPU).")
     request_timeout_s: float = Field(300.0, gt=0, description="Timeout of one /generate call.")
+    partial_rollout: bool = Field(
+        False,
+        description="A weight update aborts in-flight generation; unfinished samples resume under the new "
+        "weights (otherwise the update waits until in-flight generation ends).",
+    )
+    max_aborts: int = Field(
+        2, ge=0, description="Partial rollout: times one sample may be aborted; later updates wait for it."
+    )
+    mask_offpolicy_tokens: bool = Field(
+        False, description="Partial rollout: loss mask 0 on tokens generated before the last abort."
+    )
 
     @model_validator(mode="after")
     def _external_needs_urls(self) -> RolloutConfig:
@@ -137,10 +178,28 @@ class TrainerConfig(Section):
 
 
 class ResourcesConfig(Section):
-    mode: Literal["colocate"] = Field(
-        "colocate", description="Execution mode (colocate: rollout and training take turns)."
+    mode: Literal["colocate", "hybrid", "fully_async"] = Field(
+        "colocate",
+        description="Execution mode. colocate: rollout and training take turns (on-policy); hybrid: Rollout "
+        "runs ahead while the Actor trains, old/ref log-probs and advantages in process on the Actor; "
+        "fully_async: Rollout, Actor, ActorFwd, Reference and Advantages as separate streaming services.",
     )
-    max_staleness: int = Field(0, ge=0, description="How many steps rollout may run ahead of training.")
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="How many steps rollout may run ahead of training (relax/orchestration/staleness.py); "
+        "0 = on-policy. colocate generates each step on request, so it is on-policy whatever this says.",
+    )
+    data_plane: Literal["transferqueue", "ray"] = Field(
+        "transferqueue",
+        description="Where step data streams between roles: TransferQueue, or one Ray actor (lighter).",
+    )
+    balance_data: bool = Field(
+        False, description="hybrid/colocate: order each step's rows into token-balanced rank shares."
+    )
+    debug_train_delay_s: float = Field(
+        0.0, ge=0, description="Testing: the Actor sleeps this long before each update (a slow trainer)."
+    )
     num_cpus: int = Field(8, gt=0, description="Logical CPUs declared to a locally started Ray.")
     ray_address: str | None = Field(None, description="Existing Ray cluster to join (None = start one).")
     object_store_mb: int = Field(1024, gt=0, description="Object store size of a locally started Ray.")

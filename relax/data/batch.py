@@ -25,6 +25,8 @@ class TrainBatch:
     ref_log_probs: list[torch.Tensor] | None = None  # [N][R_i] frozen reference log-probs
     advantages: list[torch.Tensor] | None = None  # [N][R_i] per-token advantages
     returns: list[torch.Tensor] | None = None  # [N][R_i] value targets (critic algorithms)
+    # [N] media tensors per sample (Sample.multimodal_inputs); None when every sample is text-only
+    multimodal_inputs: list[dict[str, torch.Tensor] | None] | None = None
     extras: dict[str, list] = field(default_factory=dict)
 
     @classmethod
@@ -37,7 +39,17 @@ class TrainBatch:
             rewards=[float(s.reward if s.reward is not None else 0.0) for s in samples],
             group_index=[s.group_id for s in samples],
             weight_versions=[s.weight_version for s in samples],
+            multimodal_inputs=(
+                [s.multimodal_inputs for s in samples] if any(s.multimodal_inputs for s in samples) else None
+            ),
         )
+
+    def media_rows(self, idx: list[int]) -> list[dict[str, torch.Tensor] | None] | None:
+        """The media tensors of rows `idx`, or None when none of them has any."""
+        if self.multimodal_inputs is None:
+            return None
+        rows = [self.multimodal_inputs[i] for i in idx]
+        return rows if any(rows) else None
 
     def __len__(self) -> int:
         return len(self.response_ids)

@@ -3,6 +3,10 @@
 A row holds either `messages` (a list of {role, content} dicts) or `prompt` (a string), an optional
 `label` (any JSON value, handed to the reward) and an optional `metadata` dict. The key names are
 configurable. A malformed row raises `DataError`, naming the file, the 1-based row and the field.
+
+Multimodal rows put `<image>`, `<video>`, `<audio>` placeholders in the message text and list the media
+per kind under configurable keys (`media_keys={"image": "images", ...}`): file paths (resolved against
+the data file's folder), `file://` URLs or base64 data; see `relax.data.media`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ class PromptRow:
     prompt: str | list[dict[str, Any]]  # text, or chat messages [{role, content}, ...]
     label: Any = None  # reference answer for the reward (any JSON value)
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form row metadata
+    media: dict[str, list[str]] = field(
+        default_factory=dict
+    )  # kind -> media references, in placeholder order
+    where: str = field(default="", compare=False)  # "line N of FILE": names the row in error messages
 
 
 def load_prompts(
@@ -41,8 +49,11 @@ def load_prompts(
     messages_key: str = "messages",
     label_key: str = "label",
     metadata_key: str = "metadata",
+    media_keys: dict[str, str] | None = None,
 ) -> list[PromptRow]:
-    """Read every row of a `.jsonl` or `.parquet` prompt file; raise `DataError` on the first bad row."""
+    """Read every row of a `.jsonl` or `.parquet` prompt file; raise `DataError` on the first bad row.
+
+    `media_keys` maps a media kind (image, video, audio) to the row field listing that kind's media."""
     path = Path(path)
     if path.suffix not in SUPPORTED_EXTENSIONS:
         raise DataError(
@@ -55,6 +66,9 @@ def load_prompts(
         raise DataError(f"{path} holds no rows; add at least one row with {messages_key!r} or {prompt_key!r}")
     keys = (prompt_key, messages_key, label_key, metadata_key)
     rows = [_parse_row(rec, i, f"{where} of {path}", *keys) for i, (where, rec) in enumerate(records)]
+    if media_keys:
+        for row, (_, rec) in zip(rows, records, strict=True):
+            row.media = _parse_media(rec, row.where, media_keys, path.parent)
     logger.info("loaded %d prompts from %s", len(rows), path)
     return rows
 
@@ -130,7 +144,28 @@ def _parse_row(
         metadata = {}
     elif not isinstance(metadata, dict):
         raise DataError(f"{where}: field {metadata_key!r} must be a dict, got {type(metadata).__name__}")
-    return PromptRow(index=index, prompt=value, label=rec.get(label_key), metadata=metadata)
+    return PromptRow(index=index, prompt=value, label=rec.get(label_key), metadata=metadata, where=where)
+
+
+def _parse_media(rec: dict, where: str, media_keys: dict[str, str], base_dir: Path) -> dict[str, list[str]]:
+    """The row's media references per kind, paths made absolute; a missing file is an error here."""
+    from relax.data.media import MEDIA_KINDS, resolve_ref
+
+    media: dict[str, list[str]] = {}
+    for kind, key in media_keys.items():
+        if kind not in MEDIA_KINDS:
+            raise DataError(f"unknown media kind {kind!r} in media_keys; use {', '.join(MEDIA_KINDS)}")
+        refs = rec.get(key)
+        if refs is None:
+            continue
+        refs = [refs] if isinstance(refs, str) else refs
+        if not isinstance(refs, list):
+            raise DataError(
+                f"{where}: field {key!r} must be a list of {kind} references, got {type(refs).__name__}"
+            )
+        if refs:
+            media[kind] = [resolve_ref(r, base_dir, f"{where}: {kind} {j}", kind) for j, r in enumerate(refs)]
+    return media
 
 
 def _check_messages(messages: Any, where: str, key: str) -> None:

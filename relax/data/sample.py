@@ -25,6 +25,10 @@ class Sample:
     label: Any = None  # reference answer handed to the reward function
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form row metadata (e.g. rm_type)
     prompt_ids: list[int] = field(default_factory=list)  # prompt tokens after the chat template, [P]
+    # Media tensors of a multimodal prompt, keyed by the model's forward kwarg names (pixel_values,
+    # image_grid_thw, input_features, ...; see relax.data.multimodal). Filled by Rollout from the data
+    # set's processor; the same tensors go to the engine's prefill and the trainer's forward. None = text.
+    multimodal_inputs: dict[str, Any] | None = None
     # -- grouping --
     group_id: int = 0  # samples of one prompt share a group id (GRPO groups)
     sample_id: int = 0  # position within the group, 0..n_samples_per_prompt-1

@@ -57,6 +57,7 @@ def subset(batch: TrainBatch, idx: list[int]) -> TrainBatch:
         ref_log_probs=pick(batch.ref_log_probs),
         advantages=pick(batch.advantages),
         returns=pick(batch.returns),
+        multimodal_inputs=pick(batch.multimodal_inputs),
         extras={k: pick(v) for k, v in batch.extras.items()},
     )
 

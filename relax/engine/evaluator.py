@@ -33,6 +33,7 @@ class Evaluator:
                     messages_key=d.messages_key,
                     label_key=d.label_key,
                     metadata_key=d.metadata_key,
+                    media_keys=d.media.keys(),
                 )
             # Eval rows get their own index space so their prompt-token cache never meets training rows.
             offset = -1_000_000 * (len(self.sets) + 1)

@@ -12,6 +12,7 @@ from typing import Any
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow, tokenize_prompt
 from relax.data.sample import Sample, SampleStatus
+from relax.engine.partial_rollout import InflightRequests
 from relax.engine.router import Router
 from relax.rewards.scorer import RewardScorer
 
@@ -30,7 +31,10 @@ class RolloutLoop:
         self.tokenizer = tokenizer
         self.router = router
         self.scorer = scorer
+        r = cfg.rollout
+        self.inflight = InflightRequests(router, partial=r.partial_rollout, max_aborts=r.max_aborts)
         self._prompt_cache: dict[int, list[int]] = {}
+        self._media: Any = None  # MediaPool, started by the first row with media
         self.stop_token_ids = sorted(
             {
                 t
@@ -64,13 +68,41 @@ class RolloutLoop:
             self._prompt_cache[row.index] = ids
         return self._prompt_cache[row.index]
 
+    async def prompt_inputs(self, row: PromptRow) -> tuple[list[int], dict[str, Any] | None]:
+        """Prompt ids and media tensors; a row with media goes through the media worker pool."""
+        if not row.media:
+            return self.prompt_ids(row), None
+        if self._media is None:
+            from relax.data.mm_pool import MediaPool
+
+            d = self.cfg.data
+            self._media = MediaPool(self.cfg.model.path, d.media, system_prompt=d.system_prompt)
+        out = await self._media.process(row)
+        if len(out.prompt_ids) > self.cfg.data.max_prompt_len:
+            raise ValueError(
+                f"{row.where or f'row {row.index}'}: prompt has {len(out.prompt_ids)} tokens with its media > "
+                f"data.max_prompt_len={self.cfg.data.max_prompt_len}; raise it or shrink the media"
+            )
+        return out.prompt_ids, out.multimodal_inputs
+
+    def close(self) -> None:
+        """Stop the media worker processes (if any were started)."""
+        if self._media is not None:
+            self._media.close()
+            self._media = None
+
     async def _generate_group(self, row: PromptRow, group_id: int, params: dict[str, Any]) -> list[Sample]:
-        prompt_ids = self.prompt_ids(row)
-        outputs = await self.router.generate(prompt_ids, params)
-        if not isinstance(outputs, list):
-            outputs = [outputs]
+        prompt_ids, media = await self.prompt_inputs(row)
+        cap = row.metadata.get("max_new_tokens")  # optional per-row response cap (<= the config's)
+        if cap is not None:
+            params = {**params, "max_new_tokens": max(1, min(int(cap), int(params["max_new_tokens"])))}
+        outputs = await self.inflight.generate_group(prompt_ids, params, multimodal_inputs=media)
+        mask_old = self.cfg.rollout.mask_offpolicy_tokens
         samples = []
         for k, out in enumerate(outputs):
+            mask = [1] * len(out.output_ids)
+            if mask_old and out.aborts:
+                mask[: out.offpolicy_len] = [0] * out.offpolicy_len
             samples.append(
                 Sample(
                     index=row.index,
@@ -78,14 +110,15 @@ class RolloutLoop:
                     label=row.label,
                     metadata=dict(row.metadata),
                     prompt_ids=list(prompt_ids),
+                    multimodal_inputs=media,
                     group_id=group_id,
                     sample_id=k,
                     response_ids=list(out.output_ids),
                     response_text=out.text,
-                    loss_mask=[1] * len(out.output_ids),
-                    rollout_log_probs=list(out.output_log_probs),
+                    loss_mask=mask,
+                    rollout_log_probs=list(out.log_probs),
                     status=FINISH_STATUS.get(out.finish_reason, SampleStatus.COMPLETED),
-                    weight_versions=[int(out.weight_version)],
+                    weight_versions=list(out.weight_versions),
                 )
             )
         return samples

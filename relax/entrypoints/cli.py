@@ -83,9 +83,9 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from relax.models.tiny import count_parameters, write_tiny_model
 
     path = write_tiny_model(args.out, family=args.family, seed=args.seed)
-    from transformers import AutoModelForCausalLM
+    from relax.models.multimodal_model import load_causal_lm
 
-    n = count_parameters(AutoModelForCausalLM.from_pretrained(path))
+    n = count_parameters(load_causal_lm(path))
     print(f"wrote tiny {args.family} model ({n / 1e6:.2f} M parameters) to {path}")
     return 0
 
@@ -93,6 +93,13 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from relax.data.toy import generate_arith
 
+    if args.task in ("colors", "tones"):
+        from relax.data.toy_media import generate_colors, generate_tones
+
+        gen = generate_colors if args.task == "colors" else generate_tones
+        path = gen(args.out, n=args.n, seed=args.seed, inline=args.inline)
+        print(f"wrote {args.n} {args.task} prompts to {path}")
+        return 0
     path = generate_arith(args.out, n=args.n, max_digit=args.max_digit, seed=args.seed)
     print(f"wrote {args.n} arithmetic prompts to {path}")
     return 0
@@ -130,16 +137,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("tiny-model", help="write a randomly initialised tiny HF model folder")
     m.add_argument("--out", required=True, help="output folder")
-    m.add_argument("--family", default="qwen2", help="model family (qwen2, qwen3, ...)")
+    m.add_argument(
+        "--family",
+        default="qwen2",
+        help="model family (qwen2, qwen3, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen2_5_omni, qwen3_omni)",
+    )
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(fn=cmd_tiny_model)
 
     d = sub.add_parser("data", help="generate a toy prompt data set")
-    d.add_argument("task", choices=["arith"], help="toy task")
+    d.add_argument(
+        "task", choices=["arith", "colors", "tones"], help="toy task (colors: images, tones: audio)"
+    )
     d.add_argument("--out", required=True, help="output .jsonl or .parquet file")
     d.add_argument("--n", type=int, default=1000, help="rows")
     d.add_argument("--max-digit", type=int, default=4, help="largest operand")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--inline", action="store_true", help="colors/tones: embed media as base64 in the rows")
     d.set_defaults(fn=cmd_data)
 
     doc = sub.add_parser("doctor", help="what is installed, which engines/backends work, what Ray sees")

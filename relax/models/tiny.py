@@ -4,12 +4,15 @@
 `AutoTokenizer.from_pretrained` load exactly as a real Qwen checkpoint: `config.json`,
 `model.safetensors`, `generation_config.json` and the tokenizer files (with Qwen2.5's chat template).
 
-To add a model family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Omni thinkers): write a function that turns
-`TinyDims` plus the tokenizer into that family's config, and register a `TinyFamily` in `TINY_FAMILIES`.
+Multimodal families (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2.5-Omni and Qwen3-Omni thinkers) also write
+`preprocessor_config.json` (image processor / feature extractor); their configs live in
+`relax.models.tiny_multimodal`. To add a model family: write a function that turns `TinyDims` plus the
+tokenizer into that family's config, and register a `TinyFamily` in `TINY_FAMILIES`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +24,18 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5OmniThinkerForConditionalGeneration,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2VLForConditionalGeneration,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+    Qwen3VLForConditionalGeneration,
 )
 
+from relax.models import tiny_multimodal as mm
 from relax.models.tokenizer import EOS_TOKEN, PAD_TOKEN, train_tiny_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -53,6 +62,8 @@ class TinyFamily:
 
     build_config: Callable[[TinyDims, PreTrainedTokenizerBase], PretrainedConfig]
     model_class: type[PreTrainedModel]
+    # file name -> JSON written beside the weights (the processor configs of multimodal families)
+    processor_files: Callable[[PretrainedConfig], dict[str, dict]] | None = None
 
 
 def _token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
@@ -98,6 +109,17 @@ def _qwen3_config(dims: TinyDims, tokenizer: PreTrainedTokenizerBase) -> Pretrai
 TINY_FAMILIES: dict[str, TinyFamily] = {
     "qwen2": TinyFamily(_qwen2_config, Qwen2ForCausalLM),
     "qwen3": TinyFamily(_qwen3_config, Qwen3ForCausalLM),
+    "qwen2_vl": TinyFamily(mm.qwen2_vl_config, Qwen2VLForConditionalGeneration, mm.vision_processor_files),
+    "qwen2_5_vl": TinyFamily(
+        mm.qwen2_5_vl_config, Qwen2_5_VLForConditionalGeneration, mm.vision_processor_files
+    ),
+    "qwen3_vl": TinyFamily(mm.qwen3_vl_config, Qwen3VLForConditionalGeneration, mm.vision_processor_files),
+    "qwen2_5_omni": TinyFamily(
+        mm.qwen2_5_omni_thinker_config, Qwen2_5OmniThinkerForConditionalGeneration, mm.omni_processor_files
+    ),
+    "qwen3_omni": TinyFamily(
+        mm.qwen3_omni_thinker_config, Qwen3OmniMoeThinkerForConditionalGeneration, mm.omni_processor_files
+    ),
 }
 
 
@@ -162,14 +184,17 @@ def write_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = spec.model_class(config).to(_DTYPES[dtype])
+    ids = _token_ids(tokenizer)
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        pad_token_id=config.pad_token_id,
-        eos_token_id=[config.eos_token_id, config.pad_token_id],  # <|im_end|>, <|endoftext|>
+        bos_token_id=ids["bos_token_id"],
+        pad_token_id=ids["pad_token_id"],
+        eos_token_id=[ids["eos_token_id"], ids["pad_token_id"]],  # <|im_end|>, <|endoftext|>
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    for name, content in (spec.processor_files(config) if spec.processor_files else {}).items():
+        (out / name).write_text(json.dumps(content, indent=2))
     logger.info("wrote tiny %s model (%d parameters) to %s", family, count_parameters(model), out)
     return out

@@ -1,18 +1,22 @@
 """The Controller owns the training loop: generate -> train (old/ref log-probs, advantages, update) ->
 push weights -> log -> checkpoint. Roles are Ray Serve deployments reached through handles; no maths and
-no Ray fan-out live here.
+no Ray fan-out live here. The modes differ only in where a step's rollout starts: here, on request
+(colocate), or ahead of training in the Rollout's background task (hybrid, fully_async; `StepFlow`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import time
 from pathlib import Path
 
 from relax.config import RelaxConfig, dump_config
+from relax.distributed.data_plane import DataPlane, create_data_plane
 from relax.orchestration import checkpoint as ckpt
 from relax.orchestration import service
+from relax.orchestration.async_loop import StepFlow
 from relax.orchestration.progress import Progress
 from relax.orchestration.registry import roles_for_mode
 from relax.utils.metrics import build_sinks
@@ -28,6 +32,8 @@ class Controller:
         self.resume = resume
         self.stop_requested = False
         self.handles: dict = {}
+        self.flow: StepFlow | None = None
+        self.plane: DataPlane | None = None
         self._owns_ray = False
 
     # -- life cycle --------------------------------------------------------------------------
@@ -49,7 +55,8 @@ class Controller:
             self._start_roles()
             if found:
                 self._restore(found[1])
-            self._push_weights()  # engines start from the trainer's weights and version
+            self.flow.push_weights(start_step)  # engines start from the trainer's weights and version
+            self.flow.start(start_step + 1)
             return self._loop(start_step)
         finally:
             signal.signal(signal.SIGINT, old_handlers[0])
@@ -60,20 +67,26 @@ class Controller:
         r = self.cfg.resources
         self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb)
         service.start_serve()
+        self.plane = create_data_plane(r.data_plane)
         for role in roles_for_mode(r.mode, self.cfg):
             self.handles[role.name] = service.deploy_role(
-                role.name, role.cls, self.cfg, num_cpus=role.num_cpus
+                role.name, role.cls, self.cfg, num_cpus=role.num_cpus, **role.kwargs
             )
         self.rollout, self.actor = self.handles["rollout"], self.handles["actor"]
+        self.flow = StepFlow(r.mode, self.handles)
         urls = self.rollout.engine_urls.remote().result()
         self.actor.connect_engines.remote(urls).result()
 
     def _shutdown(self) -> None:
+        if self.flow is not None:
+            self.flow.stop()
         try:
             if "rollout" in self.handles:
                 self.rollout.stop_engines.remote().result(timeout_s=60)
         except Exception:  # noqa: BLE001 - best effort on the way out
             logger.exception("rollout shutdown failed")
+        if self.plane is not None:
+            asyncio.run(self.plane.close())
         service.shutdown(stop_ray=self._owns_ray)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -90,13 +103,16 @@ class Controller:
                 times: dict[str, float] = {}
                 with timer("step_time", times):
                     with timer("rollout", times):
-                        rollout = self.rollout.generate.remote(step + 1).result()
+                        if self.flow.streaming:  # started ahead, in the background, gated by staleness
+                            rollout_metrics = self.rollout.metrics.remote(step + 1).result()
+                        else:
+                            rollout_metrics = self.rollout.generate.remote(step + 1).result()
                     with timer("train", times):
-                        train_metrics = self.actor.train.remote(rollout.samples).result()
+                        train_metrics = self.flow.train(step + 1)
                     with timer("weight_sync", times):
-                        version = self._push_weights()
+                        version = self.flow.push_weights(step + 1)
                 step += 1
-                metrics = {**rollout.metrics, **train_metrics, **times, "weight_version": version}
+                metrics = {**rollout_metrics, **train_metrics, **times, "weight_version": version}
                 last = step == cfg.trainer.num_steps
                 if ev.sets and ((ev.interval and step % ev.interval == 0) or (last and ev.at_end)):
                     metrics.update(self._evaluate(step))
@@ -119,9 +135,6 @@ class Controller:
         with timer("eval", times):
             metrics = self.rollout.evaluate.remote(step).result()
         return {**metrics, **times}
-
-    def _push_weights(self) -> int:
-        return self.actor.push_weights.remote().result()
 
     # -- checkpoints -------------------------------------------------------------------------
     def _save(self, step: int) -> None:

@@ -3,7 +3,7 @@ some configurations need (GenRM) is added by `roles_for_mode` from the config.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,16 +15,34 @@ class RoleSpec:
     name: str  # Serve application name and handle key
     cls: type  # plain Python class deployed as a Serve deployment
     num_cpus: float  # logical CPUs reserved for the replica
+    kwargs: dict = field(default_factory=dict)  # extra constructor arguments after the config
 
 
 def _colocate() -> list[RoleSpec]:
+    """Rollout and Actor take turns; old/ref log-probs and advantages in process on the Actor."""
     from relax.components.actor import ActorRole
     from relax.components.rollout import RolloutRole
 
     return [RoleSpec("rollout", RolloutRole, 1.0), RoleSpec("actor", ActorRole, 1.0)]
 
 
-MODES = {"colocate": _colocate}
+def _fully_async() -> list[RoleSpec]:
+    """Every stage its own service, streaming through the data plane (the Reference is added by
+    `roles_for_mode` when the algorithm needs one)."""
+    from relax.components.actor_fwd import ActorFwdRole
+    from relax.components.advantages import AdvantagesRole
+
+    return [
+        *_colocate(),
+        RoleSpec("actor_fwd", ActorFwdRole, 1.0),
+        RoleSpec("advantages", AdvantagesRole, 0.5),
+    ]
+
+
+# hybrid deploys the colocate roles; the difference is that the Rollout runs ahead (streaming).
+MODES = {"colocate": _colocate, "hybrid": _colocate, "fully_async": _fully_async}
+# Roles that stream in the background from `start(step)` (everything but the Actor) in each mode.
+STREAMING_MODES = {"hybrid", "fully_async"}
 
 
 def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
@@ -32,6 +50,12 @@ def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
     if mode not in MODES:
         raise ValueError(f"unknown resources.mode {mode!r}; valid modes: {', '.join(sorted(MODES))}")
     roles = MODES[mode]()
+    if mode == "fully_async" and cfg is not None:
+        from relax.components.actor_fwd import ActorFwdRole
+        from relax.components.advantages import needs_reference
+
+        if needs_reference(cfg):
+            roles.append(RoleSpec("reference", ActorFwdRole, 1.0, {"reference": True}))
     if cfg is not None and cfg.reward.genrm is not None:
         from relax.components.genrm import GenRMRole
 

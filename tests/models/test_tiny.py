@@ -141,7 +141,7 @@ def test_same_seed_same_weights(tmp_path, tok):
 
 
 def test_bad_family(tmp_path):
-    with pytest.raises(ValueError, match="unknown tiny model family 'llama'; valid families: qwen2, qwen3"):
+    with pytest.raises(ValueError, match="unknown tiny model family 'llama'; valid families: qwen2, qwen2_5_omni, qwen2_5_vl, qwen2_vl, qwen3,"):
         write_tiny_model(tmp_path, "llama")
     with pytest.raises(ValueError, match="valid families"):
         get_family("qwen9")

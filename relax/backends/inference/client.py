@@ -126,14 +126,20 @@ class EngineClient:
         sampling_params: dict[str, Any] | None = None,
         rid: str | list[str] | None = None,
         return_logprob: bool = True,
+        multimodal_inputs: dict[str, Any] | None = None,
     ) -> GenerateOutput | list[GenerateOutput]:
         """Generate for one prompt (a `GenerateOutput`) or, with a batch of prompts or `n > 1`, a list
-        grouped by prompt (prompt 0's samples first)."""
+        grouped by prompt (prompt 0's samples first). `multimodal_inputs`: one prompt's media tensors,
+        sent as safetensors + base64 (a Relax engine extension of `/generate`)."""
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params or {},
             "return_logprob": return_logprob,
         }
+        if multimodal_inputs:
+            from relax.data.mm_codec import encode_inputs
+
+            body["multimodal_inputs"] = encode_inputs(multimodal_inputs)
         if rid is not None:
             body["rid"] = rid
         data = (await self._request("POST", "/generate", body)).json()

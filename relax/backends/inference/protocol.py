@@ -91,6 +91,9 @@ class GenerateRequest(Strict):
     logprob_start_len: int | list[int] | None = None
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = False
+    # Relax extension: each prompt's media tensors (pixel values, grids, audio features), safetensors
+    # bytes in base64 (`relax.data.mm_codec`); a list for batched input (None for a text prompt).
+    multimodal_inputs: str | list[str | None] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> GenerateRequest:

@@ -7,6 +7,8 @@ in column t and zeros past each response, as `PolicyLossInputs` expects.
 
 Log-probs and entropy are written from the log-sum-exp, so no [B, T, V] log-softmax copy is kept:
 :math:`\\log p(y_t) = z_{y_t} - \\mathrm{lse}(z)` and :math:`H = \\mathrm{lse}(z) - \\sum_v p_v z_v`.
+With a plain lm head not even the logits are: the model hands back its decoder's hidden states and
+`logprobs.token_logprobs` applies the head to the N response positions a chunk of tokens at a time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from relax.backends.training import logprobs as lp
 from relax.data.batch import TrainBatch
+from relax.models.multimodal_model import banned_token_ids, mask_media_logits, model_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,7 @@ class MicroBatch:
     response_lens: Tensor  # [B] (cpu) response length R_b
     T: int  # longest response (>= 1)
     index: list[int]  # rows of the batch; empty for a dummy micro-batch
+    media: list[dict[str, Tensor] | None] | None = None  # per-row media tensors (multimodal models)
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +64,7 @@ def build_micro_batch(batch: TrainBatch | None, idx: list[int], device: torch.de
         torch.tensor(rlen),
         max(1, max(rlen)),
         list(idx),
+        batch.media_rows(list(idx)) if batch is not None else None,
     )
 
 
@@ -72,15 +78,47 @@ def left_align(x_BT: Tensor, response_lens: Tensor) -> Tensor:
 
 
 def policy_forward(model: nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """Log-probs [B, T] (and entropy [B, T]) of the response tokens, with grad if grad is enabled."""
+    """Log-probs [B, T] (and entropy [B, T]) of the response tokens, with grad if grad is enabled.
+    Rows with media also pass their tensors and the model's mrope positions.
+
+    With a plain lm head (`logprobs.plain_head`) the model returns its decoder's hidden states and the
+    head runs chunked over the response positions only (`logprobs.token_logprobs`); the entropy's
+    gradient is computed only if the loss uses it. Otherwise the model's own logits are used."""
+    kwargs: dict = {"position_ids": mb.position_ids}
+    if mb.media:
+        kwargs = model_inputs(model, mb.input_ids, mb.attention_mask, mb.media)
+    head = lp.plain_head(model)
+    if head is None:
+        return _policy_forward_logits(model, mb, with_entropy, kwargs)
+    hidden_BLH = lp.decoder_hidden(model, input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs)
+    rows_N, cols_N = lp.ragged_index(mb.response_lens)
+    pos_N = mb.input_ids.size(1) - 1 - mb.response_lens[rows_N] + cols_N  # the state predicting pos_N + 1
+    rows_N, cols_N, pos_N = (t.to(mb.input_ids.device) for t in (rows_N, cols_N, pos_N))
+    logp_N, ent_N = lp.token_logprobs(
+        hidden_BLH[rows_N, pos_N],  # [N, H]: the states that predict the response tokens
+        head.weight,  # read after the forward: FSDP2 keeps the root's parameters gathered until backward
+        mb.input_ids[rows_N, pos_N + 1],
+        with_entropy=with_entropy,
+        banned=banned_token_ids(model),
+    )
+    shape = (mb.input_ids.size(0), mb.T)
+    ent_BT = None if ent_N is None else lp.scatter_padded(ent_N, rows_N, cols_N, shape)
+    return lp.scatter_padded(logp_N, rows_N, cols_N, shape), ent_BT
+
+
+def _policy_forward_logits(
+    model: nn.Module, mb: MicroBatch, with_entropy: bool, kwargs: dict
+) -> tuple[Tensor, Tensor | None]:
+    """`policy_forward` from the model's own [B, T, V] logits (heads that are not a plain Linear)."""
     out = model(
         input_ids=mb.input_ids,
         attention_mask=mb.attention_mask,
-        position_ids=mb.position_ids,
         use_cache=False,
         logits_to_keep=mb.T + 1,
+        **kwargs,
     )
-    logits_BTV = out.logits[:, :-1].float()  # position p predicts token p+1
+    # position p predicts token p+1; the slice also covers models that ignore logits_to_keep (Omni)
+    logits_BTV = mask_media_logits(out.logits[:, -(mb.T + 1) : -1].float(), banned_token_ids(model))
     targets_BT = mb.input_ids[:, -mb.T :]
     lse_BT = torch.logsumexp(logits_BTV, dim=-1)
     logp_BT = logits_BTV.gather(-1, targets_BT[..., None]).squeeze(-1) - lse_BT

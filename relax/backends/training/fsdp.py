@@ -59,10 +59,14 @@ class FSDPWorker:
         with_reference: bool = False,
         seed: int = 0,
         critic: bool = False,
+        reshard_after_forward: bool = True,
     ) -> None:
         self.model_path, self.cfg, self.rank, self.world_size = model_path, cfg, rank, world_size
         self.dtype, self.total_steps, self.with_reference = dtype, total_steps, with_reference
         self.seed, self.critic = seed, critic
+        # False keeps each layer's gathered (bf16) weights from forward to backward: no second gather,
+        # at the memory of one unsharded model copy (what one rank holds anyway, in fp32)
+        self.reshard_after_forward = reshard_after_forward
         self.step = 0  # optimizer steps taken == the weight version of the current parameters
 
     # -- set-up ------------------------------------------------------------------------------
@@ -97,17 +101,24 @@ class FSDPWorker:
         if self.with_reference and cfg.lora is None:  # with LoRA the reference is the adapter-free model
             self.ref_model = self._build(trainable=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=self.device.type == "cuda",  # one kernel for all parameters instead of a foreach chain
+        )
         steps = self.total_steps * cfg.num_mini_batches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, steps))
         logger.info("FSDP rank %d/%d ready on %s", self.rank, self.world_size, self.device)
 
     def _build(self, trainable: bool) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        from transformers import AutoModelForCausalLM
+
+        from relax.models.multimodal_model import load_causal_lm
 
         master = torch.float32 if self.mp_dtype is not None else DTYPES[self.dtype]
-        model: nn.Module = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=master)
+        model: nn.Module = load_causal_lm(self.model_path, dtype=master)
         no_split = set(getattr(model, "_no_split_modules", None) or [])
         if trainable and self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -125,7 +136,7 @@ class FSDPWorker:
             for layer in layers:
                 layer.forward = torch.compile(layer.forward)
         for layer in layers:
-            fully_shard(layer, mesh=self.mesh, mp_policy=mp)
+            fully_shard(layer, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=self.mesh, mp_policy=mp)
         for m in [model, *layers]:
             m.set_gradient_divide_factor(1.0)  # the loss is already scaled by global counts: SUM grads

@@ -15,12 +15,19 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from transformers import AutoModelForCausalLM
 
 from relax.algorithms.pipeline import PolicyLossInputs
 from relax.backends.training.base import LossFn
+from relax.backends.training.logprobs import (
+    decoder_hidden,
+    plain_head,
+    ragged_index,
+    scatter_padded,
+    token_logprobs,
+)
 from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch, pack_micro_batches, pad_ragged
+from relax.models.multimodal_model import banned_token_ids, load_causal_lm, mask_media_logits, model_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +58,8 @@ def lr_lambda(cfg: TrainerConfig, total_steps: int):
 def response_log_probs(
     model: torch.nn.Module, batch: TrainBatch, idx: list[int], device: torch.device, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Forward samples `idx`; return log-probs [B,T] and entropy [B,T] of response tokens, and T-lengths."""
+    """Forward samples `idx`; return log-probs [B,T] and entropy [B,T] of response tokens (zero past each
+    response), and T-lengths. A plain lm head runs chunked on the response positions (`logprobs`)."""
     seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in idx]
     plen = torch.tensor([len(batch.prompt_ids[i]) for i in idx])
     rlen = torch.tensor([len(batch.response_ids[i]) for i in idx])
@@ -59,10 +67,31 @@ def response_log_probs(
     T = max(1, int(rlen.max()))
     input_ids = pad_ragged(seqs, L, dtype=torch.long).to(device)  # [B, L]
     attn = (torch.arange(L)[None, :] < torch.tensor([len(s) for s in seqs])[:, None]).long().to(device)
-    logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits.float()  # [B, L, V]
+    media = batch.media_rows(idx)
+    extra = model_inputs(model, input_ids, attn, media) if media else {}  # media tensors, mrope positions
+    head = plain_head(model)
+    if head is not None:  # chunked head over the response positions: no [B, L, V] logits
+        hidden_BLH = decoder_hidden(model, input_ids=input_ids, attention_mask=attn, **extra)
+        rows_N, cols_N = ragged_index(rlen)
+        pos_N = plen[rows_N] - 1 + cols_N  # response token t of row b sits at plen_b + t
+        rows_N, cols_N, pos_N = (t.to(device) for t in (rows_N, cols_N, pos_N))
+        logp_N, ent_N = token_logprobs(
+            hidden_BLH[rows_N, pos_N],
+            head.weight,
+            input_ids[rows_N, pos_N + 1],
+            with_entropy=with_entropy,
+            banned=banned_token_ids(model),
+        )
+        ent_BT = None if ent_N is None else scatter_padded(ent_N, rows_N, cols_N, (len(idx), T))
+        return scatter_padded(logp_N, rows_N, cols_N, (len(idx), T)), ent_BT, rlen
+    logits = model(
+        input_ids=input_ids, attention_mask=attn, use_cache=False, **extra
+    ).logits.float()  # [B, L, V]
     # Token at position p is predicted by logits at p-1: response token t sits at plen+t.
     pos_BT = (plen[:, None] - 1 + torch.arange(T)[None, :]).clamp(max=L - 2).to(device)  # [B, T]
-    logits_BTV = logits.gather(1, pos_BT[..., None].expand(-1, -1, logits.size(-1)))
+    logits_BTV = mask_media_logits(
+        logits.gather(1, pos_BT[..., None].expand(-1, -1, logits.size(-1))), banned_token_ids(model)
+    )
     targets_BT = input_ids.gather(1, (pos_BT + 1))
     logp_BTV = torch.log_softmax(logits_BTV, dim=-1)
     logp_BT = logp_BTV.gather(-1, targets_BT[..., None]).squeeze(-1)
@@ -87,11 +116,11 @@ class TorchTrainer:
         torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).to(self.device)
+        self.model = load_causal_lm(model_path, dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
         self.ref_model = None
         if with_reference:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
+            self.ref_model = load_causal_lm(model_path, dtype=DTYPES[dtype])
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay

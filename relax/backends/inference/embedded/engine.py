@@ -71,6 +71,7 @@ class EmbeddedEngine:
         threads: int | None = None,
         weight_version: str = "0",
         attn_implementation: str | None = "sdpa",
+        cuda_graphs: bool = True,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -81,6 +82,7 @@ class EmbeddedEngine:
             dtype=dtype,
             attn_implementation=attn_implementation,
             weight_version=weight_version,
+            cuda_graphs=cuda_graphs,  # decode steps replay CUDA graphs (CUDA only)
         )
         self.max_context_len = min(
             max_context_len or self.runner.max_context_len, self.runner.max_context_len
@@ -185,11 +187,13 @@ class EmbeddedEngine:
         params: SamplingParams | dict | None = None,
         rid: str | None = None,
         return_logprob: bool = True,
+        multimodal_inputs: dict[str, Tensor] | None = None,
     ) -> Future:
         """Queue one prompt; the future resolves with its n `GenerationResult`s. Raises `ValueError` on a
-        request the engine cannot serve."""
+        request the engine cannot serve. `multimodal_inputs` are the prompt's media tensors (forward
+        kwargs of a multimodal model, as `relax.data.multimodal` makes them)."""
         params = params if isinstance(params, SamplingParams) else SamplingParams(**(params or {}))
-        self.validate(input_ids, params)
+        self.validate(input_ids, params, multimodal_inputs)
         group = RequestGroup(
             rid=rid or uuid.uuid4().hex,
             prompt=list(map(int, input_ids)),
@@ -200,6 +204,7 @@ class EmbeddedEngine:
             tokenizer=self.tokenizer,
             stop_ids=self._stop_ids(params),
             max_context_len=self.max_context_len,
+            multimodal_inputs=multimodal_inputs or None,
         )
         group.make_sequences(self.runner.device)
         self._totals["requests"] += 1
@@ -218,7 +223,9 @@ class EmbeddedEngine:
         """Blocking `submit`."""
         return self.submit(input_ids, params, **kw).result()
 
-    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+    def validate(
+        self, input_ids: list[int], params: SamplingParams, multimodal_inputs: dict[str, Tensor] | None = None
+    ) -> None:
         if not input_ids:
             raise ValueError("empty input: input_ids has no tokens")
         if len(input_ids) >= self.max_context_len:
@@ -235,6 +242,8 @@ class EmbeddedEngine:
             raise ValueError(
                 "stop strings need a tokenizer and this model folder has none; use stop_token_ids"
             )
+        if multimodal_inputs:
+            self.runner.check_multimodal(input_ids, multimodal_inputs)
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
         ids = set(params.stop_token_ids or [])

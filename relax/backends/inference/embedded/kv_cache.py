@@ -43,6 +43,7 @@ class SlotKVCache:
         self.capacity = 0  # C
         self.generation = 0  # bumped on every reallocation (captured graphs hold the old buffers)
         self._rows: Tensor | None = None  # slots written by the next forward, [B]
+        self._arange: Tensor | None = None  # 0..S-1, the rows of a decode step
         self._pos_B: Tensor | None = None  # decode: column written per row, [B]
         self._length = 0  # decode: columns attended, L
         self._prefill = False
@@ -98,14 +99,16 @@ class SlotKVCache:
         self._prefill, self._rows = True, rows
         return self
 
-    def for_decode(self, pos_B: Tensor, length: int) -> SlotKVCache:
-        """The next forward decodes rows 0..B-1, writing column pos_B[b] and attending over `length`."""
+    def for_decode(self, pos_B: Tensor, length: int, rows_B: Tensor | None = None) -> SlotKVCache:
+        """The next forward decodes rows 0..B-1, writing column pos_B[b] and attending over `length`.
+        `rows_B` (= arange(B)) may be passed by a caller that needs the tensor to stay (a CUDA graph)."""
         B = pos_B.shape[0]
         self._prefill, self._pos_B, self._length = False, pos_B, length
-        if self._rows is None or self._rows.shape[0] != B or self._rows.device != pos_B.device:
-            self._rows = torch.arange(B, device=pos_B.device)
-        else:
-            self._rows = self._rows[:B]
+        if rows_B is None:
+            if self._arange is None or self._arange.shape[0] < B or self._arange.device != pos_B.device:
+                self._arange = torch.arange(max(B, self.slots), device=pos_B.device)
+            rows_B = self._arange[:B]
+        self._rows = rows_B
         return self
 
     def update(

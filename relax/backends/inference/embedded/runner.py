@@ -5,11 +5,21 @@ The runner calls the model's decoder body and its `lm_head` itself (logits only 
 sampled) and hands the decoder a ready 4-D mask, so the model builds no mask and no cache of its own.
 Llama-style models (Qwen2, Qwen3, Llama) run through `LeanDecoder` over the same weights.
 
+Multimodal models (Qwen-VL, Omni thinkers) use the `transformers` forward: a prefill with media runs the
+model body (vision/audio encoders, then the decoder) with the model's own mrope positions
+(`relax.models.multimodal_model`), and returns each prompt's rope delta; decoding then feeds the text
+decoder position `cache column + delta`.
+
+On CUDA, attention runs on the flash / memory-efficient / math SDPA kernels, never cuDNN's: cuDNN builds
+an execution plan for every new shape (about 2 ms of host time per call, and the attended length grows
+every step). Decode steps of the lean decoder replay CUDA graphs (`cuda_graphs.py`).
+
 Only the engine thread calls `prefill`, `decode` and `load_weights`, so no lock guards the model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Iterable
@@ -17,15 +27,19 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import AutoTokenizer
 
+from relax.backends.inference.embedded.cuda_graphs import DecodeGraphs
 from relax.backends.inference.embedded.kv_cache import SlotKVCache
 from relax.backends.inference.embedded.lean_decoder import LeanDecoder
+from relax.models import multimodal_model as mmm
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # no cuDNN
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype | str:
@@ -58,13 +72,16 @@ class ModelRunner:
         attn_implementation: str | None = "sdpa",
         weight_version: str = "0",
         use_lean: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         self.model_path = str(model_path)
         self.device = torch.device(device)
         kwargs = {"dtype": resolve_dtype(dtype)}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs).to(self.device).eval()
+        self.model = mmm.load_causal_lm(self.model_path, **kwargs).to(self.device).eval()
+        self.multimodal = mmm.is_multimodal(self.model)
+        self.banned_ids = mmm.banned_token_ids(self.model)  # media tokens, never sampled
         self.dtype = next(self.model.parameters()).dtype
         self.config = self.model.config
         self.tokenizer = load_tokenizer(self.model_path)
@@ -88,6 +105,9 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
+        self.graphs = None  # decode CUDA graphs: CUDA, lean decoder, text-only models
+        if cuda_graphs and self.device.type == "cuda" and self.lean is not None and not self.multimodal:
+            self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.device)
         layer_types = set(getattr(text_cfg, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise ValueError(
@@ -117,12 +137,20 @@ class ModelRunner:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).unsqueeze(1)
 
+    def _attention_kernels(self) -> contextlib.AbstractContextManager:
+        return sdpa_kernel(SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
+
     def _hidden(self, ids: Tensor, mask: Tensor, pos: Tensor, cache: SlotKVCache) -> Tensor:
-        if self.lean is not None:
-            return self.lean(ids, mask, pos, cache)
-        out = self.decoder(
-            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{self._cache_kwarg: cache}
-        )
+        with self._attention_kernels():
+            if self.lean is not None:
+                return self.lean(ids, mask, pos, cache)
+            out = self.decoder(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
         return out.last_hidden_state
 
     @torch.inference_mode()
@@ -140,17 +168,88 @@ class ModelRunner:
         rows = torch.tensor(slots, device=self.device)
         h = self._hidden(ids.to(self.device), self._mask(allowed), pos, self.cache.for_prefill(rows))
         last_UH = h[torch.arange(len(prompts), device=self.device), lens_U - 1]
-        return self.lm_head(last_UH)
+        return self._logits(last_UH)
 
     @torch.inference_mode()
-    def decode(self, tokens_B: Tensor, pos_B: Tensor, length: int) -> Tensor:
-        """One step for rows 0..B-1: token b at position pos_B[b], attending over `length` columns of the
-        cache (> max(pos_B)); returns the logits [B, V]."""
+    def prefill_multimodal(
+        self, prompts: list[list[int]], slots: list[int], inputs: list[dict[str, Tensor] | None]
+    ) -> tuple[Tensor, list[int]]:
+        """`prefill` for a multimodal model: prompt u with media `inputs[u]` (or None) through the model
+        body at its mrope positions; returns the last-token logits [U, V] and each prompt's rope delta."""
+        T = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), T, dtype=torch.long, device=self.device)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        lens_U = torch.tensor([len(p) for p in prompts], device=self.device)
+        col_T = torch.arange(T, device=self.device)
+        real_UT = (col_T[None, :] < lens_U[:, None]).long()
+        allowed = (col_T[None, :] <= col_T[:, None])[None] & real_UT[:, None, :].bool()
+        media = mmm.concat_inputs(inputs, self.device)
+        pos, delta_U = mmm.rope_positions(self.model, ids, real_UT, media)  # [3, U, T], [U]
+        for key in ("pixel_values", "pixel_values_videos", "input_features"):
+            if key in media:
+                media[key] = media[key].to(self.dtype)
+        cache = self.cache.for_prefill(torch.tensor(slots, device=self.device))
+        with self._attention_kernels():
+            out = mmm.inner_model(self.model)(
+                input_ids=ids,
+                attention_mask=self._mask(allowed),
+                position_ids=pos,
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+                **media,
+            )
+        last_UH = out.last_hidden_state[torch.arange(len(prompts), device=self.device), lens_U - 1]
+        return self._logits(last_UH), [int(d) for d in delta_U]
+
+    def check_multimodal(self, input_ids: list[int], inputs: dict[str, Tensor]) -> None:
+        """Raise ValueError when the media tensors do not match the prompt's media tokens."""
+        if not self.multimodal:
+            raise ValueError(f"{self.model_path} is a text-only model; it takes no multimodal_inputs")
+        cfg, ids = self.model.config, torch.tensor(input_ids)
+        merge2 = cfg.vision_config.spatial_merge_size**2 if hasattr(cfg, "vision_config") else 1
+        for grid_key, token_id in (
+            ("image_grid_thw", cfg.image_token_id),
+            ("video_grid_thw", cfg.video_token_id),
+        ):
+            want = int(inputs[grid_key].prod(-1).sum()) // merge2 if grid_key in inputs else 0
+            have = int((ids == token_id).sum())
+            if want != have:
+                raise ValueError(
+                    f"the prompt holds {have} media tokens {token_id} but {grid_key} describes {want}; "
+                    "build prompt and tensors with the same processor"
+                )
+
+    @torch.inference_mode()
+    def decode(
+        self, tokens_B: Tensor, pos_B: Tensor, length: int, rope_delta_B: Tensor | None = None
+    ) -> Tensor:
+        """One step for rows 0..B-1: token b at cache column pos_B[b], attending over `length` columns of
+        the cache (> max(pos_B)); its rotary position is pos_B[b] + rope_delta_B[b] (multimodal models).
+        Returns the logits [B, V]."""
+        if self.graphs is not None and rope_delta_B is None and self.graphs.supports(tokens_B.shape[0]):
+            return self.graphs.run(tokens_B, pos_B, length)
+        return self._decode_forward(tokens_B, pos_B, None, length, rope_delta_B)
+
+    def _decode_forward(
+        self,
+        tokens_B: Tensor,
+        pos_B: Tensor,
+        rows_B: Tensor | None,
+        length: int,
+        rope_delta_B: Tensor | None = None,
+    ) -> Tensor:
+        """`decode` of cache rows `rows_B` (None: 0..B-1), eagerly; what the CUDA graphs capture."""
         col_L = torch.arange(length, device=self.device)
         allowed = (col_L[None, :] <= pos_B[:, None]).unsqueeze(1)  # [B, 1, L]
-        cache = self.cache.for_decode(pos_B, length)
-        h = self._hidden(tokens_B.unsqueeze(1), self._mask(allowed), pos_B.unsqueeze(1), cache)
-        return self.lm_head(h[:, 0])
+        cache = self.cache.for_decode(pos_B, length, rows_B)
+        rope_B = pos_B if rope_delta_B is None else pos_B + rope_delta_B
+        h = self._hidden(tokens_B.unsqueeze(1), self._mask(allowed), rope_B.unsqueeze(1), cache)
+        return self._logits(h[:, 0])
+
+    def _logits(self, h: Tensor) -> Tensor:
+        """LM head; a multimodal model's media tokens get `BANNED_LOGIT` (never sampled)."""
+        return mmm.mask_media_logits(self.lm_head(h), self.banned_ids)
 
     # -- weights -----------------------------------------------------------------------------------
     @torch.no_grad()

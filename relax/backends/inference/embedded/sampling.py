@@ -71,15 +71,17 @@ def sample_tokens(
 
     Rows without a generator of their own draw from `shared` (one draw for all of them, so the cost of a
     step does not grow with the number of unseeded rows)."""
-    logits_BV = logits_BV.float()
     device = logits_BV.device
     temps = [r.temperature for r in rows]
     if all(t <= 0.0 for t in temps):  # all greedy: no noise, log-probs at temperature 1
         tokens_B = logits_BV.argmax(dim=-1)
-        logp_B = torch.log_softmax(logits_BV, dim=-1).gather(1, tokens_B.unsqueeze(1)).squeeze(1)
-        return _to_lists(tokens_B, logp_B)
-    temp_B = torch.tensor([t if t > 0.0 else 1.0 for t in temps], device=device)
-    logp_BV = torch.log_softmax(logits_BV / temp_B.unsqueeze(1), dim=-1)
+        logp_BV = torch.log_softmax(logits_BV, dim=-1, dtype=torch.float32)  # upcast inside, no copy
+        return _to_lists(tokens_B, logp_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1))
+    scaled_BV = logits_BV  # temperature 1 (and greedy rows, which report temperature 1): no division
+    if any(t > 0.0 and t != 1.0 for t in temps):
+        temp_B = torch.tensor([t if t > 0.0 else 1.0 for t in temps], device=device)
+        scaled_BV = logits_BV.float() / temp_B.unsqueeze(1)
+    logp_BV = torch.log_softmax(scaled_BV, dim=-1, dtype=torch.float32)
     probs_BV = logp_BV.exp()
     trunc = [i for i, r in enumerate(rows) if r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0.0]
     if trunc:
@@ -99,10 +101,12 @@ def sample_tokens(
     for i, r in enumerate(rows):
         if r.generator is not None and r.temperature > 0.0:  # a seeded request: its own stream
             uniform_BV[i].uniform_(generator=r.generator)
-    noise_BV = uniform_BV.clamp_(min=1e-30).log_().neg_()  # Exp(1); -log(rand) is much cheaper on CPU
-    tokens_B = (probs_BV / noise_BV.clamp_(min=1e-30)).argmax(dim=-1)  # a draw of 0 would make p=0 win
+    # Exp(1) noise; -log(rand) is much cheaper on CPU than exponential_. rand is in [0, 1), so the noise
+    # is in (0, inf]: never 0 (no 0/0), and an infinite draw only scores its token 0
+    noise_BV = uniform_BV.log_().neg_()
+    tokens_B = probs_BV.div_(noise_BV).argmax(dim=-1)
     if any(t <= 0.0 for t in temps):
-        greedy_B = temp_B.new_tensor([t <= 0.0 for t in temps], dtype=torch.bool)
+        greedy_B = torch.tensor([t <= 0.0 for t in temps], dtype=torch.bool, device=device)
         tokens_B = torch.where(greedy_B, logits_BV.argmax(dim=-1), tokens_B)
     logp_B = logp_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1)
     return _to_lists(tokens_B, logp_B)

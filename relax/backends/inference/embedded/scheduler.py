@@ -110,7 +110,14 @@ class Scheduler:
         for u in units:
             firsts.append(base + k)
             k += len(u)
-        logits_UV = self.runner.prefill([u[0].prefill_ids() for u in units], firsts)
+        prompts = [u[0].prefill_ids() for u in units]
+        if self.runner.multimodal:
+            media = [u[0].group.multimodal_inputs for u in units]
+            logits_UV, deltas = self.runner.prefill_multimodal(prompts, firsts, media)
+            for u, d in zip(units, deltas, strict=True):
+                u[0].group.rope_delta = d
+        else:
+            logits_UV = self.runner.prefill(prompts, firsts)
         for u, first in zip(units, firsts, strict=True):
             self.cache.copy(first, list(range(first + 1, first + len(u))), len(u[0].prefill_ids()))
         rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
@@ -134,7 +141,10 @@ class Scheduler:
         tokens_B = torch.tensor([s.output_ids[-1] for s in running], dtype=torch.long).to(device)
         positions = [s.num_tokens - 1 for s in running]
         pos_B = torch.tensor(positions, dtype=torch.long).to(device)
-        logits_BV = self.runner.decode(tokens_B, pos_B, max(positions) + 1)
+        delta_B = None
+        if self.runner.multimodal:
+            delta_B = torch.tensor([s.group.rope_delta for s in running], dtype=torch.long).to(device)
+        logits_BV = self.runner.decode(tokens_B, pos_B, max(positions) + 1, delta_B)
         new_tokens, logprobs = sample_tokens(logits_BV, [s.row for s in running], self.generator)
         for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
             s.append(t, lp)

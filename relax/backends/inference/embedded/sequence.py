@@ -90,6 +90,9 @@ class RequestGroup:
     tokenizer: Any  # PreTrainedTokenizerBase | None
     stop_ids: set[int]
     max_context_len: int
+    # media tensors of the prompt (forward kwargs of a multimodal model), None for text
+    multimodal_inputs: dict[str, Any] | None = None
+    rope_delta: int = 0  # rotary position minus cache column past the prompt (set by a multimodal prefill)
     future: Future = field(default_factory=Future)
     created: float = field(default_factory=time.monotonic)
     seqs: list[Sequence] = field(default_factory=list)

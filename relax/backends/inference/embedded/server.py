@@ -38,6 +38,7 @@ from relax.backends.inference.protocol import (
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
 )
+from relax.data.mm_codec import decode_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +132,15 @@ def build_app(engine: EmbeddedEngine) -> FastAPI:
             else:
                 base = req.rid or uuid.uuid4().hex
                 rids = [base] if n == 1 else [f"{base}-{i}" for i in range(n)]
-            for p, sp in zip(prompts, params, strict=True):
-                engine.validate(p, sp)  # all of them before any is queued
+            media = [
+                decode_inputs(m) if m else None
+                for m in _per_prompt(req.multimodal_inputs, n, "multimodal_inputs")
+            ]
+            for p, sp, mm in zip(prompts, params, media, strict=True):
+                engine.validate(p, sp, mm)  # all of them before any is queued
             futures = [
-                engine.submit(p, sp, rid=rid, return_logprob=lp)
-                for p, sp, rid, lp in zip(prompts, params, rids, logprob, strict=True)
+                engine.submit(p, sp, rid=rid, return_logprob=lp, multimodal_inputs=mm)
+                for p, sp, rid, lp, mm in zip(prompts, params, rids, logprob, media, strict=True)
             ]
         except ValidationError as e:
             return bad_request(f"invalid sampling_params: {_validation_message(e.errors())}")

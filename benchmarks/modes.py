@@ -1,0 +1,133 @@
+"""Throughput of the execution modes on one workload: colocate vs hybrid vs fully_async.
+
+The workload is the arithmetic toy task with a long-tailed response-length distribution: each prompt
+row carries its own response cap (`metadata.max_new_tokens`), drawn from a Pareto distribution (most
+groups stop after a few tokens, a few run to the global cap), so a step's rollout waits for its
+slowest groups. Rollout and training get separate CPU budgets (`rollout.engine_threads`,
+`trainer.threads`, one thread each by default): colocate alternates between them, the other modes
+overlap them within the staleness bound.
+
+    python benchmarks/modes.py --steps 20 --max-staleness 1
+
+prints steps per minute per mode (steady state: the first `--warmup` steps are left out), the ratio to
+colocate, and the first/last reward window means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def long_tailed_data(path: Path, n: int, cap: int, alpha: float, seed: int) -> Path:
+    """Arithmetic rows with a Pareto(alpha)-distributed response cap in [2, cap] tokens."""
+    from relax.data.toy import generate_arith
+
+    generate_arith(path, n=n, seed=seed)
+    rng = random.Random(seed)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows:
+        r.setdefault("metadata", {})["max_new_tokens"] = int(min(cap, 2 * rng.paretovariate(alpha)))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: Path) -> dict[str, float]:
+    from relax.config import load_config
+    from relax.orchestration.controller import Controller
+
+    staleness = 0 if mode == "colocate" else args.max_staleness
+    cfg = load_config(
+        "examples/quickstart.yaml",
+        [
+            f"model.path={model}",
+            f"data.train_files=[{data}]",
+            f"run.output_dir={out}",
+            f"run.name={mode}",
+            f"resources.mode={mode}",
+            f"resources.max_staleness={staleness}",
+            f"resources.data_plane={args.data_plane}",
+            f"trainer.num_steps={args.steps}",
+            f"rollout.max_new_tokens={args.cap}",
+            f"rollout.engine_threads={args.engine_threads}",
+            f"trainer.threads={args.trainer_threads}",
+            f"rollout.partial_rollout={str(args.partial_rollout).lower()}",
+            "ops.checkpoint_interval=0",
+            "ops.progress=false",
+            "ops.tensorboard=false",
+            f"rollout.prompts_per_step={args.prompts}",
+            "eval.sets=[]",
+            "eval.before_train=false",
+        ],
+    )
+    t0 = time.perf_counter()
+    Controller(cfg).run()
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steady = rows[args.warmup :]
+    seconds = sum(r["perf/step_time_s"] for r in steady)
+    rewards = [r["rollout/reward_mean"] for r in rows]
+    w = max(1, min(5, len(rewards) // 3))
+    return {
+        "steps_per_min": 60.0 * len(steady) / seconds,
+        "wall_s": wall,
+        "reward_first": statistics.fmean(rewards[:w]),
+        "reward_last": statistics.fmean(rewards[-w:]),
+        "response_len_mean": statistics.fmean(r["rollout/response_len_mean"] for r in rows),
+        "staleness_max": max(r.get("staleness/max", 0.0) for r in rows),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default="colocate,hybrid,fully_async")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3, help="first steps left out of steps/min")
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--cap", type=int, default=32, help="global response cap (tokens)")
+    p.add_argument("--prompts", type=int, default=16, help="prompts per step (8 samples each)")
+    p.add_argument("--alpha", type=float, default=1.2, help="Pareto tail index of the per-row caps")
+    p.add_argument("--engine-threads", type=int, default=1)
+    p.add_argument("--trainer-threads", type=int, default=1)
+    p.add_argument("--data-plane", default="transferqueue", choices=["transferqueue", "ray"])
+    p.add_argument("--partial-rollout", action="store_true")
+    p.add_argument("--ray-cpus", type=int, default=8, help="logical CPUs declared to Ray")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    from relax.models.tiny import write_tiny_model
+    from relax.orchestration.service import start_ray
+
+    tmp = Path(tempfile.mkdtemp(prefix="relax-modes-"))
+    model = write_tiny_model(tmp / "tiny-qwen2", family="qwen2")
+    data = long_tailed_data(tmp / "arith.jsonl", n=2000, cap=args.cap, alpha=args.alpha, seed=0)
+    start_ray(None, num_cpus=args.ray_cpus, object_store_mb=1024)
+    results = {m: run_mode(m, args, model, data, tmp / "runs") for m in args.modes.split(",")}
+    base = results.get("colocate", {}).get("steps_per_min")
+    print(
+        f"\nmodes benchmark: {args.steps} steps, max_staleness={args.max_staleness}, cap={args.cap}, "
+        f"engine_threads={args.engine_threads}, trainer_threads={args.trainer_threads}, "
+        f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout}"
+    )
+    print(
+        f"{'mode':<12} {'steps/min':>9} {'x colocate':>10} {'reward first':>12} {'reward last':>11} "
+        f"{'resp len':>8} {'stale max':>9}"
+    )
+    for mode, r in results.items():
+        ratio = f"{r['steps_per_min'] / base:.2f}" if base else "-"
+        print(
+            f"{mode:<12} {r['steps_per_min']:>9.1f} {ratio:>10} {r['reward_first']:>12.3f} "
+            f"{r['reward_last']:>11.3f} {r['response_len_mean']:>8.1f} {r['staleness_max']:>9.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""A few GRPO steps and generation with a randomly initialised Qwen2.5-VL-3B-shaped model on images.
+
+Writes the random model (its config shaped like Qwen2.5-VL-3B-Instruct: 36 layers, hidden 2048, 16 heads
+/ 2 KV heads, MLP 11008, vocab 151936; a 32-block, 1280-wide vision tower) with the tiny in-process
+tokenizer and the processor config, generates synthetic colour images, then per step: processes the
+prompts with `MultimodalProcessor`, generates `--n` responses per prompt on the embedded engine (with
+the vision encoder in its prefill), recomputes log-probs and takes an optimizer step on `TorchTrainer`
+with the same pixel values, and copies the new weights into the engine.
+
+    python benchmarks/vl_gpu.py                       # CUDA, bf16 engine, fp32 master weights
+    python benchmarks/vl_gpu.py --tiny --device cpu   # a CPU smoke run on the tiny Qwen2.5-VL
+
+The last line printed is one JSON object: step time, generation time and tokens/s, peak GPU memory,
+and the engine-trainer log-prob gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("relax.benchmarks.vl_gpu")
+
+TEXT_3B = dict(
+    hidden_size=2048,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    intermediate_size=11008,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+)
+VISION_3B = dict(
+    depth=32,
+    hidden_size=1280,
+    intermediate_size=3420,
+    num_heads=16,
+    out_hidden_size=2048,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31],
+    tokens_per_second=2,
+)
+
+
+def write_model(out: Path, tiny: bool) -> Path:
+    """A random Qwen2.5-VL folder: 3B-shaped, or the tiny test model."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from relax.models.tiny import write_tiny_model
+    from relax.models.tiny_multimodal import image_processor_config, media_token_ids
+    from relax.models.tokenizer import EOS_TOKEN, PAD_TOKEN, train_tiny_tokenizer
+
+    if tiny:
+        return write_tiny_model(out, family="qwen2_5_vl")
+    tok = train_tiny_tokenizer(512)
+    ids = media_token_ids(tok)
+    pad, eos = tok.convert_tokens_to_ids(PAD_TOKEN), tok.convert_tokens_to_ids(EOS_TOKEN)
+    text = {
+        **TEXT_3B,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
+        "bos_token_id": pad,
+        "pad_token_id": pad,
+        "eos_token_id": eos,
+        "rms_norm_eps": 1e-6,
+    }
+    cfg = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=VISION_3B,
+        tie_word_embeddings=True,
+        **{
+            k: ids[k]
+            for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        },
+    )
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen2_5_VLForConditionalGeneration(cfg).to(torch.bfloat16)
+    model.generation_config.eos_token_id = [eos, pad]
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(image_processor_config(cfg) | {"max_pixels": 448 * 448})
+    )
+    del model
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="the tiny Qwen2.5-VL instead of the 3B shape")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=8, help="prompts (images) per step")
+    p.add_argument("--n", type=int, default=8, help="responses per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--image-size", type=int, default=448, help="image side in pixels (448 -> 256 tokens)")
+    p.add_argument("--master-dtype", default="float32", help="trainer weights (float32 or bfloat16)")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    from relax.algorithms.config import AlgorithmConfig
+    from relax.algorithms.pipeline import make_policy_loss
+    from relax.backends.inference.embedded.engine import EmbeddedEngine
+    from relax.backends.training.torch_backend import TorchTrainer
+    from relax.config.schema import MediaConfig, TrainerConfig
+    from relax.data.batch import TrainBatch
+    from relax.data.multimodal import MultimodalProcessor
+    from relax.data.toy_media import COLOR_PROMPT, COLORS, color_image
+
+    cuda = args.device == "cuda"
+    work = Path(tempfile.mkdtemp(prefix="relax-vl-bench-"))
+    t0 = time.perf_counter()
+    path = write_model(work / "model", args.tiny)
+    write_s = time.perf_counter() - t0
+    px = args.image_size * args.image_size
+    proc = MultimodalProcessor(str(path), MediaConfig(image_max_pixels=px, image_min_pixels=min(px, 3136)))
+    rng = __import__("numpy").random.default_rng(0)
+    for i in range(args.prompts * args.steps):
+        color_image(random.Random(i).choice(list(COLORS)), rng, args.image_size).save(work / f"{i}.png")
+
+    engine_dtype = "bfloat16" if cuda else "float32"
+    engine = EmbeddedEngine(str(path), device=args.device, dtype=engine_dtype, seed=0).start()
+    tcfg = TrainerConfig(device=args.device, lr=1e-6, max_tokens_per_micro_batch=8192, threads=2)
+    trainer = TorchTrainer(str(path), tcfg, dtype=args.master_dtype, total_steps=args.steps)
+    loss_fn = make_policy_loss(AlgorithmConfig())
+    params = {"n": args.n, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "ignore_eos": True}
+    step_s, gen_s, train_s, sync_s, gen_tokens, diffs = [], [], [], [], [], []
+    for step in range(args.steps):
+        t_step = time.perf_counter()
+        items = [
+            proc.process(COLOR_PROMPT, {"image": [str(work / f"{step * args.prompts + j}.png")]})
+            for j in range(args.prompts)
+        ]
+        t = time.perf_counter()
+        futures = [
+            engine.submit(it.prompt_ids, params, multimodal_inputs=it.multimodal_inputs) for it in items
+        ]
+        results = [f.result() for f in futures]
+        gen_s.append(time.perf_counter() - t)
+        prompts, responses, lps, media, groups = [], [], [], [], []
+        for g, (it, rs) in enumerate(zip(items, results, strict=True)):
+            for r in rs:
+                prompts.append(it.prompt_ids)
+                responses.append(r.output_ids)
+                lps.append(r.output_logprobs)
+                media.append(it.multimodal_inputs)
+                groups.append(g)
+        gen_tokens.append(sum(len(r) for r in responses))
+        N = len(prompts)
+        batch = TrainBatch(
+            prompt_ids=prompts,
+            response_ids=responses,
+            loss_mask=[[1.0] * len(r) for r in responses],
+            rollout_log_probs=lps,
+            rewards=[float(random.Random(step * 1000 + i).random() < 0.5) for i in range(N)],
+            group_index=groups,
+            weight_versions=[step] * N,
+            multimodal_inputs=media,
+        )
+        t = time.perf_counter()
+        batch.old_log_probs = trainer.compute_log_probs(batch)
+        diffs.append(
+            max(
+                float((o - torch.tensor(lp)).abs().max())
+                for o, lp in zip(batch.old_log_probs, lps, strict=True)
+            )
+        )
+        batch.advantages = [
+            torch.full((len(r),), 1.0 if batch.rewards[i] else -1.0) for i, r in enumerate(responses)
+        ]
+        metrics = trainer.train_batch(batch, loss_fn)
+        if cuda:
+            torch.cuda.synchronize()
+        train_s.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        engine.update_weights(
+            ((k, v.to(getattr(torch, engine_dtype))) for k, v in trainer.named_weights()), str(step + 1)
+        )
+        sync_s.append(time.perf_counter() - t)
+        step_s.append(time.perf_counter() - t_step)
+        logger.info(
+            "step %d: %.1f s (gen %.1f, train %.1f), loss %.4f",
+            step + 1,
+            step_s[-1],
+            gen_s[-1],
+            train_s[-1],
+            metrics["train/loss"],
+        )
+    engine.shutdown()
+    steady = step_s[1:] or step_s
+    out = {
+        "model": "qwen2.5-vl-3b-shape (random)" if not args.tiny else "tiny-qwen2.5-vl",
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "steps": args.steps,
+        "samples_per_step": args.prompts * args.n,
+        "image_tokens_per_prompt": int(items[0].multimodal_inputs["image_grid_thw"].prod()) // 4,
+        "prompt_tokens": len(items[0].prompt_ids),
+        "step_time_s": round(statistics.fmean(steady), 3),
+        "gen_time_s": round(statistics.fmean(gen_s[1:] or gen_s), 3),
+        "gen_tokens_per_s": round(sum(gen_tokens) / sum(gen_s), 1),
+        "train_time_s": round(statistics.fmean(train_s[1:] or train_s), 3),
+        "weight_sync_s": round(statistics.fmean(sync_s), 3),
+        "first_step_s": round(step_s[0], 3),
+        "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "engine_trainer_logp_max_diff": round(max(diffs), 4),
+        "model_write_s": round(write_s, 1),
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""The ActorFwd role (fully_async): recomputes the old-policy log-probs of a step's rows with the weights
+the Actor holds right before training on that step; the same class, frozen, is the Reference role.
+
+It streams: rows are forwarded in sub-batches of whole prompt groups as the Rollout writes them, and the
+`log_probs` (or `ref_log_probs`) column goes back to the data plane sub-batch by sub-batch. For step k
+ActorFwd first waits for the weights of training step k - 1 (pushed by the Controller after each
+update); the Reference never waits.
+
+A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import torch
+
+from relax.backends.training.torch_backend import DTYPES, resolve_device, response_log_probs
+from relax.config import RelaxConfig
+from relax.data.batch import TrainBatch, pack_micro_batches
+from relax.data.rows import tensor_column
+from relax.distributed.data_plane import (
+    LOG_PROBS,
+    REF_LOG_PROBS,
+    DataPlane,
+    connect_data_plane,
+    partition_name,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def forward_log_probs(
+    model: torch.nn.Module, batch: TrainBatch, max_tokens: int, device: torch.device
+) -> list:
+    """Per-sample response log-probs [R_i], forwarded in token-budgeted micro-batches."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+    with torch.no_grad():
+        for idx in pack_micro_batches(batch.seq_lens(), max_tokens):
+            logp_BT, _, rlen = response_log_probs(model, batch, idx, device, with_entropy=False)
+            for row, i in enumerate(idx):
+                out[i] = logp_BT[row, : rlen[row]].cpu()
+    return out
+
+
+class ActorFwdRole:
+    def __init__(self, cfg: RelaxConfig, reference: bool = False, plane: DataPlane | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from relax.utils.logging import setup_logging
+
+        setup_logging()
+        torch.set_num_threads(cfg.trainer.threads)
+        self.cfg = cfg
+        self.reference = reference
+        self.task, self.column = ("reference", REF_LOG_PROBS) if reference else ("actor_fwd", LOG_PROBS)
+        self.device = resolve_device(cfg.trainer.device)
+        self.model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=DTYPES[cfg.model.dtype])
+        self.model.to(self.device).eval().requires_grad_(False)
+        self.plane = plane if plane is not None else connect_data_plane(cfg.resources.data_plane)
+        self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
+        self._weights_changed = asyncio.Condition()
+        self._task: asyncio.Task | None = None
+
+    async def set_weights(self, state: dict[str, torch.Tensor], trained_through: int) -> None:
+        """Load the Actor's weights after training step `trained_through`."""
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            logger.warning(
+                "actor_fwd weights: %d missing, %d unexpected names", len(missing), len(unexpected)
+            )
+        async with self._weights_changed:
+            self.trained_through = trained_through
+            self._weights_changed.notify_all()
+
+    async def process(self, step: int, timeout_s: float | None = None) -> None:
+        """Write this role's column for every row of step `step` (blocks on the weights, then on rows)."""
+        if not self.reference:
+            async with self._weights_changed:
+                await self._weights_changed.wait_for(lambda: self.trained_through >= step - 1)
+        r = self.cfg.rollout
+        total = r.prompts_per_step * r.n_samples_per_prompt
+        chunk = r.n_samples_per_prompt * max(1, r.prompts_per_step // 4)  # sub-batch of whole groups
+        partition = partition_name(step)
+        done = 0
+        while done < total:
+            data = await self.plane.get(
+                partition,
+                ["prompt_ids", "response_ids", "loss_mask", "rollout_log_probs"],
+                self.task,
+                min(chunk, total - done),
+                timeout_s=timeout_s,
+            )
+            batch = TrainBatch(
+                prompt_ids=data.columns["prompt_ids"],
+                response_ids=data.columns["response_ids"],
+                loss_mask=data.columns["loss_mask"],
+                rollout_log_probs=data.columns["rollout_log_probs"],
+                rewards=[0.0] * len(data),
+                group_index=[0] * len(data),
+                weight_versions=[0] * len(data),
+            )
+            logp = await asyncio.to_thread(
+                forward_log_probs, self.model, batch, self.cfg.trainer.max_tokens_per_micro_batch, self.device
+            )
+            await self.plane.put_columns(partition, data.indexes, {self.column: tensor_column(logp)})
+            done += len(data)
+
+    async def start(self, first_step: int) -> None:
+        self._task = asyncio.create_task(self._run(first_step))
+
+    async def _run(self, step: int) -> None:
+        while step <= self.cfg.trainer.num_steps:
+            await self.process(step)
+            step += 1
+
+    async def metrics(self, step: int) -> dict[str, float]:
+        if self._task is not None and self._task.done() and self._task.exception() is not None:
+            raise self._task.exception()
+        return {}
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None

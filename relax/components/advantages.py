@@ -1,0 +1,114 @@
+"""The Advantages role (fully_async): waits until a step's rows carry old and (when the algorithm needs
+them) reference log-probs, computes the step's advantages with the configured algorithm and writes
+`advantages` (and `returns`) back. `batch_advantages` is the same computation the Actor runs in process
+in colocate and hybrid mode.
+
+A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import torch
+
+from relax.algorithms.pipeline import compute_advantages
+from relax.algorithms.registry import get_algorithm
+from relax.config import RelaxConfig
+from relax.data.batch import TrainBatch, pad_ragged
+from relax.data.rows import batch_from_columns, tensor_column
+from relax.distributed.data_plane import (
+    ADVANTAGES,
+    LOG_PROBS,
+    REF_LOG_PROBS,
+    RETURNS,
+    ROLLOUT_COLUMNS,
+    DataPlane,
+    connect_data_plane,
+    partition_name,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def batch_advantages(
+    cfg: RelaxConfig, batch: TrainBatch, values: list[torch.Tensor] | None
+) -> dict[str, float]:
+    """Fill `batch.advantages` (and `batch.returns`) for a whole step; returns `advantages/*` metrics."""
+    lens = batch.response_lens()
+    T = max(1, max(lens))
+    out = compute_advantages(
+        cfg.algorithm,
+        torch.tensor(batch.rewards, dtype=torch.float32),
+        torch.tensor(batch.group_index, dtype=torch.long),
+        pad_ragged(batch.loss_mask, T),
+        log_probs_NT=pad_ragged(batch.old_log_probs, T),
+        ref_log_probs_NT=pad_ragged(batch.ref_log_probs, T) if batch.ref_log_probs else None,
+        values_NT=pad_ragged(values, T) if values is not None else None,
+        response_lengths_N=torch.tensor(lens),
+        max_response_len=cfg.rollout.max_new_tokens,
+    )
+    batch.advantages = [out.advantages_NT[i, : lens[i]] for i in range(len(batch))]
+    if out.returns_NT is not None:
+        batch.returns = [out.returns_NT[i, : lens[i]] for i in range(len(batch))]
+    return {f"advantages/{k}": v for k, v in out.metrics.items()}
+
+
+def needs_reference(cfg: RelaxConfig) -> bool:
+    """Whether the run computes reference log-probs (the algorithm asks, or a KL term is on)."""
+    algo = cfg.algorithm
+    return get_algorithm(algo.name).needs_reference or algo.kl_coef > 0 or algo.reward_kl_coef > 0
+
+
+class AdvantagesRole:
+    def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
+        from relax.utils.logging import setup_logging
+
+        setup_logging()
+        self.cfg = cfg
+        self.plane = plane if plane is not None else connect_data_plane(cfg.resources.data_plane)
+        self.inputs = ROLLOUT_COLUMNS + [LOG_PROBS] + ([REF_LOG_PROBS] if needs_reference(cfg) else [])
+        self.step_metrics: dict[int, dict[str, float]] = {}
+        self._task: asyncio.Task | None = None
+
+    async def process(self, step: int, timeout_s: float | None = None) -> None:
+        """Advantages of step `step`: blocks until every row has the input columns."""
+        r = self.cfg.rollout
+        partition = partition_name(step)
+        data = await self.plane.get(
+            partition,
+            self.inputs,
+            "advantages",
+            r.prompts_per_step * r.n_samples_per_prompt,
+            timeout_s=timeout_s,
+        )
+        batch = batch_from_columns(data.columns)
+        metrics = await asyncio.to_thread(batch_advantages, self.cfg, batch, None)
+        columns = {ADVANTAGES: tensor_column(batch.advantages)}
+        if batch.returns is not None:
+            columns[RETURNS] = tensor_column(batch.returns)
+        await self.plane.put_columns(partition, data.indexes, columns)
+        self.step_metrics[step] = metrics
+
+    async def start(self, first_step: int) -> None:
+        self._task = asyncio.create_task(self._run(first_step))
+
+    async def _run(self, step: int) -> None:
+        while step <= self.cfg.trainer.num_steps:
+            await self.process(step)
+            step += 1
+
+    async def metrics(self, step: int) -> dict[str, float]:
+        """Metrics of step `step` (empty when not computed); raises the background loop's failure."""
+        if self._task is not None and self._task.done() and self._task.exception() is not None:
+            raise self._task.exception()
+        return self.step_metrics.pop(step, {})
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None

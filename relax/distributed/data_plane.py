@@ -1,0 +1,249 @@
+"""The data plane: one partition per training step, rows written by Rollout, columns added by other
+producers (ActorFwd, Reference, Advantages), consumers tracked by task name.
+
+`get` blocks until `batch_size` rows hold every requested column and were not yet handed to that task;
+which rows it returns is the sampler's choice (`relax.distributed.samplers`). `clear` drops a partition
+once the Actor has trained on it. Column values are plain Python objects (lists of ints/floats, floats).
+
+Implementations: `LocalDataPlane` (in process; the unit tests' plane and the body of the Ray actor),
+`RayDataPlane` (one named Ray actor shared by every role) and `TransferQueueDataPlane`
+(`relax.distributed.tq_data_plane`, PyPI `transferqueue`). `create_data_plane` / `connect_data_plane`
+pick one by `resources.data_plane`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from relax.distributed.samplers import get_sampler
+
+logger = logging.getLogger(__name__)
+
+# -- columns, by producer ---------------------------------------------------------------------------
+ROLLOUT_COLUMNS = [  # Rollout: one row per sample
+    "prompt_ids",  # [P] prompt tokens
+    "response_ids",  # [R] generated tokens
+    "loss_mask",  # [R] 1 = trained token
+    "rollout_log_probs",  # [R] behaviour log-probs reported by the engine
+    "reward",  # scalar reward
+    "group_id",  # prompt group (GRPO)
+    "weight_versions",  # every weight version that produced a token of the sample
+    "length",  # P + R, for length-balanced sampling
+    "multimodal_inputs",  # "" for text; media tensors as safetensors + base64 (relax.data.mm_codec)
+]
+LOG_PROBS = "log_probs"  # ActorFwd: [R] old-policy log-probs
+REF_LOG_PROBS = "ref_log_probs"  # Reference: [R]
+VALUES = "values"  # Critic: [R]
+ADVANTAGES = "advantages"  # Advantages: [R]
+RETURNS = "returns"  # Advantages (critic algorithms): [R]
+
+
+def partition_name(step: int) -> str:
+    """The partition holding training step `step`'s data."""
+    return f"train_{step}"
+
+
+@dataclass
+class DataBatch:
+    """Rows handed to one consumer: their indexes in the partition and the requested columns."""
+
+    indexes: list[int]  # row ids within the partition, the order of every column list
+    columns: dict[str, list[Any]]  # column name -> one value per row
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+
+class DataPlane(Protocol):
+    async def put_rows(self, partition: str, rows: list[dict[str, Any]]) -> list[int]:
+        """Append rows (column name -> value) to `partition`; returns their row ids."""
+
+    async def put_columns(self, partition: str, indexes: list[int], columns: dict[str, list[Any]]) -> None:
+        """Add columns to existing rows (one value per index)."""
+
+    async def get(
+        self,
+        partition: str,
+        columns: list[str],
+        task: str,
+        batch_size: int,
+        *,
+        sampler: str = "sequential",
+        num_ranks: int = 1,
+        timeout_s: float | None = None,
+    ) -> DataBatch:
+        """Block until the sampler can hand `task` `batch_size` rows holding all `columns`; mark them
+        consumed by `task`. Raises `TimeoutError` after `timeout_s`."""
+
+    async def clear(self, partition: str) -> None:
+        """Forget a partition (rows, columns, consumption)."""
+
+
+class _Partition:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.consumed: dict[str, set[int]] = {}
+
+
+class LocalDataPlane:
+    """In-process data plane on asyncio: the whole contract, no transport."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[str, _Partition] = {}
+        self._changed: asyncio.Condition | None = None
+
+    def _cond(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    def _part(self, name: str) -> _Partition:
+        return self.partitions.setdefault(name, _Partition())
+
+    async def _notify(self) -> None:
+        async with self._cond():
+            self._cond().notify_all()
+
+    async def put_rows(self, partition: str, rows: list[dict[str, Any]]) -> list[int]:
+        p = self._part(partition)
+        first = len(p.rows)
+        p.rows.extend(dict(r) for r in rows)
+        await self._notify()
+        return list(range(first, first + len(rows)))
+
+    async def put_columns(self, partition: str, indexes: list[int], columns: dict[str, list[Any]]) -> None:
+        p = self._part(partition)
+        for name, values in columns.items():
+            if len(values) != len(indexes):
+                raise ValueError(f"column {name!r}: {len(values)} values for {len(indexes)} rows")
+            for i, v in zip(indexes, values, strict=True):
+                p.rows[i][name] = v
+        await self._notify()
+
+    def _try_take(
+        self, partition: str, columns: list[str], task: str, batch_size: int, sampler: str, num_ranks: int
+    ) -> DataBatch | None:
+        p = self._part(partition)
+        done = p.consumed.setdefault(task, set())
+        ready = [
+            i for i, r in enumerate(p.rows) if i not in done and all(c in r for c in columns)
+        ]  # insertion order
+        groups = {i: int(r.get("group_id", i)) for i, r in enumerate(p.rows)}
+        lengths = {i: int(r.get("length", 1)) for i, r in enumerate(p.rows)}
+        chosen = get_sampler(sampler)(ready, batch_size, groups, lengths, num_ranks)
+        if not chosen:
+            return None
+        done.update(chosen)
+        return DataBatch(chosen, {c: [p.rows[i][c] for i in chosen] for c in columns})
+
+    async def get(
+        self,
+        partition: str,
+        columns: list[str],
+        task: str,
+        batch_size: int,
+        *,
+        sampler: str = "sequential",
+        num_ranks: int = 1,
+        timeout_s: float | None = None,
+    ) -> DataBatch:
+        async def wait() -> DataBatch:
+            async with self._cond():
+                while True:
+                    got = self._try_take(partition, columns, task, batch_size, sampler, num_ranks)
+                    if got is not None:
+                        return got
+                    await self._cond().wait()
+
+        try:
+            return await asyncio.wait_for(wait(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(
+                f"data plane: {task!r} waited {timeout_s}s for {batch_size} rows with {columns} in "
+                f"{partition!r} ({self.status(partition)})"
+            ) from None
+
+    def status(self, partition: str) -> dict[str, Any]:
+        """Rows and per-column fill of a partition (for error messages and tests)."""
+        p = self.partitions.get(partition)
+        if p is None:
+            return {"rows": 0}
+        cols: dict[str, int] = {}
+        for r in p.rows:
+            for c in r:
+                cols[c] = cols.get(c, 0) + 1
+        return {"rows": len(p.rows), "columns": cols, "consumed": {t: len(s) for t, s in p.consumed.items()}}
+
+    async def clear(self, partition: str) -> None:
+        self.partitions.pop(partition, None)
+
+    async def close(self) -> None:
+        self.partitions.clear()
+
+
+ACTOR_NAME, NAMESPACE = "relax_data_plane", "relax"
+
+
+class RayDataPlane:
+    """A `LocalDataPlane` inside one named async Ray actor; every role holds this thin client."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    @classmethod
+    def create(cls) -> RayDataPlane:
+        import ray
+
+        remote = ray.remote(num_cpus=0, max_concurrency=1000)(LocalDataPlane)
+        actor = remote.options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True).remote()
+        return cls(actor)
+
+    @classmethod
+    def connect(cls) -> RayDataPlane:
+        import ray
+
+        return cls(ray.get_actor(ACTOR_NAME, namespace=NAMESPACE))
+
+    async def put_rows(self, partition: str, rows: list[dict[str, Any]]) -> list[int]:
+        return await self.actor.put_rows.remote(partition, rows)
+
+    async def put_columns(self, partition: str, indexes: list[int], columns: dict[str, list[Any]]) -> None:
+        await self.actor.put_columns.remote(partition, indexes, columns)
+
+    async def get(
+        self, partition: str, columns: list[str], task: str, batch_size: int, **kw: Any
+    ) -> DataBatch:
+        return await self.actor.get.remote(partition, columns, task, batch_size, **kw)
+
+    async def clear(self, partition: str) -> None:
+        await self.actor.clear.remote(partition)
+
+    async def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
+
+
+def create_data_plane(kind: str) -> DataPlane:
+    """Called once by the Controller before the roles start: the shared plane of kind `kind`."""
+    if kind == "transferqueue":
+        from relax.distributed.tq_data_plane import TransferQueueDataPlane
+
+        return TransferQueueDataPlane.create()
+    if kind == "ray":
+        return RayDataPlane.create()
+    raise ValueError(f"unknown resources.data_plane {kind!r}; valid: ray, transferqueue")
+
+
+def connect_data_plane(kind: str) -> DataPlane:
+    """Called by each role: a client of the plane the Controller created."""
+    if kind == "transferqueue":
+        from relax.distributed.tq_data_plane import TransferQueueDataPlane
+
+        return TransferQueueDataPlane.connect()
+    if kind == "ray":
+        return RayDataPlane.connect()
+    raise ValueError(f"unknown resources.data_plane {kind!r}; valid: ray, transferqueue")

@@ -1,0 +1,188 @@
+"""The data plane on TransferQueue (PyPI `transferqueue`): its controller tracks which fields of which
+sample exist and which task consumed it, its storage units hold the values, and its client moves them.
+
+Mapping: a partition is a TQ partition; a row is a TQ sample (its global index is the row id); a column
+is a TQ field. `get` polls the controller in polling mode (TQ's blocking mode sleeps inside the
+controller's single request thread, stalling every other client) and hands the choice of rows to
+`RelaxTQSampler`, which runs our samplers with the group id and length kept as TQ custom metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import torch
+
+from relax.distributed.data_plane import DataBatch
+from relax.distributed.samplers import get_sampler
+
+logger = logging.getLogger(__name__)
+
+SCALAR_COLUMNS = {"reward", "group_id", "length"}
+POLL_S = 0.02  # first poll interval; doubles up to POLL_MAX_S
+POLL_MAX_S = 0.2
+
+
+def _sampler_base() -> type:
+    from transfer_queue import BaseSampler
+
+    return BaseSampler
+
+
+class RelaxTQSampler(_sampler_base()):
+    """TransferQueue sampler that runs `relax.distributed.samplers` (chosen per call by
+    `sampling_config={"sampler": name, "num_ranks": k}`); group ids and lengths come from custom meta."""
+
+    def sample(
+        self,
+        ready_indexes: list[int],
+        batch_size: int,
+        *args: Any,
+        partition: Any = None,
+        sampler: str = "sequential",
+        num_ranks: int = 1,
+        **kwargs: Any,
+    ) -> tuple[list[int], list[int]]:
+        meta = partition.get_custom_meta(list(ready_indexes)) if partition is not None else {}
+        groups = {i: int(m.get("group_id", i)) for i, m in meta.items()}
+        lengths = {i: int(m.get("length", 1)) for i, m in meta.items()}
+        if sampler == "whole_groups" and partition is not None:  # group members may not be ready yet
+            every = partition.get_custom_meta(sorted(partition.global_indexes))
+            groups = {i: int(m.get("group_id", i)) for i, m in every.items()}
+        chosen = get_sampler(sampler)(list(ready_indexes), batch_size, groups, lengths, num_ranks)
+        return chosen, list(chosen)
+
+
+def _to_values(x: Any, n: int, scalar: bool) -> list[Any]:
+    """One TQ field of `n` samples (tensor, nested tensor or non-tensor stack) as plain Python values."""
+    if isinstance(x, torch.Tensor):
+        rows = [t.tolist() for t in (x.unbind() if x.is_nested else x)]
+    elif hasattr(x, "tolist"):
+        rows = x.tolist()
+    else:
+        rows = list(x)
+    if scalar:
+        rows = [r[0] if isinstance(r, list) and len(r) == 1 else r for r in rows]
+    if len(rows) != n:
+        raise RuntimeError(f"transferqueue returned {len(rows)} values for {n} samples")
+    return rows
+
+
+def _tensordict(columns: dict[str, list[Any]], n: int) -> Any:
+    from tensordict import TensorDict
+    from tensordict.tensorclass import NonTensorData, NonTensorStack
+
+    return TensorDict(
+        {k: NonTensorStack(*[NonTensorData(v) for v in vals]) for k, vals in columns.items()}, batch_size=n
+    )
+
+
+class TransferQueueDataPlane:
+    """`DataPlane` over TransferQueue's controller, storage units and client."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    @classmethod
+    def create(cls, num_storage_units: int = 1) -> TransferQueueDataPlane:
+        """Start TQ's controller and storage units (once per run) and install `RelaxTQSampler`."""
+        import ray
+        import transfer_queue as tq
+        from omegaconf import OmegaConf
+
+        conf = OmegaConf.create(
+            {
+                "controller": {"polling_mode": True},
+                "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}},
+            }
+        )
+        tq.init(conf)
+        controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+        ray.get(controller.register_sampler.remote(RelaxTQSampler()))
+        return cls(tq.get_client())
+
+    @classmethod
+    def connect(cls) -> TransferQueueDataPlane:
+        import transfer_queue as tq
+
+        tq.init()  # attaches to the running controller
+        return cls(tq.get_client())
+
+    async def put_rows(self, partition: str, rows: list[dict[str, Any]]) -> list[int]:
+        def put() -> list[int]:
+            cols = {k: [r[k] for r in rows] for k in rows[0]}
+            meta = self.client.get_meta(
+                data_fields=list(cols), batch_size=len(rows), partition_id=partition, mode="insert"
+            )
+            meta.update_custom_meta(
+                [{"group_id": r.get("group_id"), "length": r.get("length", 1)} for r in rows]
+            )
+            self.client.put(_tensordict(cols, len(rows)), metadata=meta)
+            return list(meta.global_indexes)
+
+        return await asyncio.to_thread(put) if rows else []
+
+    async def put_columns(self, partition: str, indexes: list[int], columns: dict[str, list[Any]]) -> None:
+        def put() -> None:
+            meta = self.client.get_meta(
+                data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
+            )
+            pos = {g: k for k, g in enumerate(meta.global_indexes)}
+            missing = [i for i in indexes if i not in pos]
+            if missing:
+                raise KeyError(f"rows {missing} are not in partition {partition!r}")
+            sub = meta.select_samples([pos[i] for i in indexes])
+            self.client.put(_tensordict(columns, len(indexes)), metadata=sub)
+
+        await asyncio.to_thread(put)
+
+    async def get(
+        self,
+        partition: str,
+        columns: list[str],
+        task: str,
+        batch_size: int,
+        *,
+        sampler: str = "sequential",
+        num_ranks: int = 1,
+        timeout_s: float | None = None,
+    ) -> DataBatch:
+        config = {"sampler": sampler, "num_ranks": num_ranks}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        wait = POLL_S
+        while True:
+            meta = await asyncio.to_thread(
+                self.client.get_meta,
+                data_fields=columns,
+                batch_size=batch_size,
+                partition_id=partition,
+                mode="fetch",
+                task_name=task,
+                sampling_config=config,
+            )
+            if meta.size:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"data plane: {task!r} waited {timeout_s}s for {batch_size} rows with {columns} "
+                    f"in {partition!r}"
+                )
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, POLL_MAX_S)
+        data = await asyncio.to_thread(self.client.get_data, meta)
+        n = meta.size
+        return DataBatch(
+            list(meta.global_indexes),
+            {c: _to_values(data[c], n, c in SCALAR_COLUMNS) for c in columns},
+        )
+
+    async def clear(self, partition: str) -> None:
+        await asyncio.to_thread(self.client.clear_partition, partition)
+
+    async def close(self) -> None:
+        import transfer_queue as tq
+
+        await asyncio.to_thread(tq.close)

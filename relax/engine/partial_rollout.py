@@ -1,0 +1,129 @@
+"""Generation across weight updates: every request goes through `InflightRequests`, so that a weight
+update can either wait for in-flight generation to end (default), or abort it (partial rollout) and let
+the unfinished samples continue under the new weights.
+
+A resumed sample keeps the tokens and behaviour log-probs it had (they came from the old weights), gets
+the rest from the new weights, and records every version in `weight_versions`. A sample already aborted
+`max_aborts` times is not aborted again: the update waits for it instead. With `mask_offpolicy` the
+tokens generated before the last abort get loss mask 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.engine.router import Router
+
+logger = logging.getLogger(__name__)
+
+_rids = itertools.count()
+
+
+@dataclass
+class Generated:
+    """One sample's generation so far, possibly over several requests."""
+
+    output_ids: list[int] = field(default_factory=list)  # [R] tokens so far
+    log_probs: list[float] = field(default_factory=list)  # [R] behaviour log-probs, each under its version
+    finish_reason: str = "abort"  # of the last request: stop | length | abort
+    weight_versions: list[int] = field(default_factory=list)  # one per request segment, oldest first
+    aborts: int = 0  # times a weight update interrupted this sample
+    offpolicy_len: int = 0  # tokens generated before the last abort
+    text: str = ""
+
+    def extend(self, out: Any) -> None:
+        self.output_ids += list(out.output_ids)
+        self.log_probs += list(out.output_log_probs)
+        self.finish_reason = out.finish_reason
+        v = int(out.weight_version)
+        if not self.weight_versions or self.weight_versions[-1] != v:
+            self.weight_versions.append(v)
+        self.text = out.text if self.aborts == 0 else ""  # re-decoded by the caller after a resume
+
+
+class InflightRequests:
+    """All generation requests of the Rollout role; the gate a weight update closes and opens."""
+
+    def __init__(self, router: Router, *, partial: bool = False, max_aborts: int = 2) -> None:
+        self.router = router
+        self.partial = partial
+        self.max_aborts = max_aborts
+        self.inflight: dict[str, int] = {}  # rid -> fewest aborts among its samples
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Condition()
+        self.num_aborted = 0  # requests aborted by updates (a metric)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: dict[str, Any],
+        aborts: int = 0,
+        multimodal_inputs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """One request (`n` samples of one prompt, with its media tensors if any); waits while a weight
+        update is in progress."""
+        await self._open.wait()
+        rid = f"relax-{next(_rids)}"
+        self.inflight[rid] = aborts
+        try:
+            media = {"multimodal_inputs": multimodal_inputs} if multimodal_inputs else {}
+            out = await self.router.generate(prompt_ids, params, rid=rid, **media)
+        finally:
+            self.inflight.pop(rid, None)
+            async with self._idle:
+                self._idle.notify_all()
+        return out if isinstance(out, list) else [out]
+
+    async def begin_update(self) -> None:
+        """Close the gate, abort what may be aborted (partial rollout), wait for the rest to end."""
+        self._open.clear()
+        if self.partial:
+            rids = [rid for rid, a in self.inflight.items() if a < self.max_aborts]
+            for rid in rids:
+                for entry in list(self.router.engines.values()):
+                    await entry.client.abort(rid)
+            self.num_aborted += len(rids)
+        async with self._idle:
+            await self._idle.wait_for(lambda: not self.inflight)
+
+    def end_update(self) -> None:
+        self._open.set()
+
+    async def generate_group(
+        self, prompt_ids: list[int], params: dict[str, Any], multimodal_inputs: dict[str, Any] | None = None
+    ) -> list[Generated]:
+        """`params['n']` samples of one prompt, each completed across any weight updates."""
+        first = await self.generate(prompt_ids, params, multimodal_inputs=multimodal_inputs)
+        results = []
+        for out in first:
+            g = Generated()
+            g.extend(out)
+            results.append(g)
+        if self.partial:
+            await asyncio.gather(*(self._resume(prompt_ids, params, g, multimodal_inputs) for g in results))
+        return results
+
+    async def _resume(
+        self, prompt_ids: list[int], params: dict[str, Any], g: Generated, media: dict[str, Any] | None = None
+    ) -> None:
+        cap = int(params["max_new_tokens"])
+        while g.finish_reason == "abort" and not self.router_closed():
+            g.aborts += 1
+            g.offpolicy_len = len(g.output_ids)
+            left = cap - len(g.output_ids)
+            if left <= 0:
+                g.finish_reason = "length"
+                return
+            cont = {**params, "n": 1, "max_new_tokens": left}
+            (out,) = await self.generate(
+                prompt_ids + g.output_ids, cont, aborts=g.aborts, multimodal_inputs=media
+            )
+            g.extend(out)
+
+    def router_closed(self) -> bool:
+        return not self.router.engines

@@ -1,0 +1,95 @@
+"""One training step's rollout, streamed: prompt groups are generated concurrently and each finished,
+scored group is handed to a sink (the data plane) at once, so downstream roles start before the step's
+slowest sample ends.
+
+Dynamic sampling (DAPO, `algorithm.dynamic_sampling`) filters as groups finish: a group whose rewards
+all agree (`filter_groups_dynamic_sampling`) is held back, and further rounds draw fresh prompts until
+`prompts_per_step` kept groups are written or `dynamic_sampling_max_rounds` rounds are spent; then held
+back groups fill the rest, so every step has exactly `prompts_per_step` groups in every mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from collections.abc import Awaitable, Callable
+
+import torch
+
+from relax.algorithms.pipeline import filter_groups_dynamic_sampling
+from relax.config import RelaxConfig
+from relax.data.dataset import PromptRow, PromptSource
+from relax.data.sample import Sample
+from relax.engine.rollout_loop import RolloutLoop, rollout_metrics
+
+logger = logging.getLogger(__name__)
+
+GroupSink = Callable[[list[Sample]], Awaitable[None]]
+
+
+def group_is_informative(samples: list[Sample]) -> bool:
+    """Dynamic sampling's test on one group: do its rewards differ?"""
+    rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
+    return bool(filter_groups_dynamic_sampling(rewards, torch.zeros(len(samples), dtype=torch.long)).all())
+
+
+class StepProducer:
+    def __init__(self, cfg: RelaxConfig, loop: RolloutLoop, source: PromptSource) -> None:
+        self.cfg = cfg
+        self.loop = loop
+        self.source = source
+
+    async def _group(self, row: PromptRow, group_id: int) -> list[Sample]:
+        samples = await self.loop._generate_group(row, group_id, self.loop.sampling_params())
+        for s in samples:
+            if not s.response_text and s.response_ids:
+                s.response_text = self.loop.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        self._stats.append(await self.loop.scorer.score(samples))
+        return samples
+
+    async def produce(self, step: int, sink: GroupSink) -> dict[str, float]:
+        """Generate step `step`'s groups, writing each kept group through `sink`; returns the metrics."""
+        algo = self.cfg.algorithm
+        want = self.cfg.rollout.prompts_per_step
+        rounds_max = algo.dynamic_sampling_max_rounds if algo.dynamic_sampling else 1
+        next_gid = step * want * rounds_max
+        written, rounds, informative = 0, 0, 0
+        generated: list[Sample] = []
+        held: list[list[Sample]] = []
+        self._stats = []
+        while written < want and rounds < rounds_max:
+            rounds += 1
+            rows = self.source.next_batch(want - written)
+            tasks = [asyncio.ensure_future(self._group(r, next_gid + i)) for i, r in enumerate(rows)]
+            next_gid += len(rows)
+            try:
+                for fut in asyncio.as_completed(tasks):
+                    group = await fut
+                    generated += group
+                    keep = not algo.dynamic_sampling or group_is_informative(group)
+                    informative += int(keep)
+                    if written < want and keep:
+                        await sink(group)
+                        written += 1
+                    else:
+                        held.append(group)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                raise
+        for group in held[: want - written]:  # rounds exhausted: fill with uninformative groups
+            await sink(group)
+            written += 1
+        stats = self._stats[0]
+        for more in self._stats[1:]:
+            stats = stats.merge(more)
+        metrics = {**rollout_metrics(generated, step), **stats.as_metrics()}
+        if algo.dynamic_sampling:
+            metrics["rollout/ds_rounds"] = float(rounds)
+            metrics["rollout/ds_informative_frac"] = informative / max(
+                1, len(generated) // self.cfg.rollout.n_samples_per_prompt
+            )
+        metrics["rollout/aborted_requests"] = float(self.loop.inflight.num_aborted)
+        metrics["rollout/resumed_frac"] = statistics.fmean(len(s.weight_versions) > 1 for s in generated)
+        return metrics

@@ -1,0 +1,98 @@
+"""Partial rollout: a weight update aborts in-flight generation, unfinished samples continue under the new
+weights with their earlier tokens and behaviour log-probs kept and every version recorded; a sample at
+the abort cap is waited for instead; without partial rollout the update waits for generation to end."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from relax.engine.partial_rollout import InflightRequests
+
+
+class FakeEngine:
+    """Emits one token per tick with log-prob -version; an abort ends the request with what it has."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.aborted: set[str] = set()
+        self.engines = {"e0": SimpleNamespace(client=self)}
+
+    async def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        self.aborted.add(rid)
+
+    async def generate(self, prompt_ids, params, rid=None):
+        outs = []
+        ids, lps = [], []
+        for _ in range(params["max_new_tokens"]):
+            if rid in self.aborted:
+                break
+            await asyncio.sleep(0.01)
+            ids.append(len(prompt_ids) + len(ids))
+            lps.append(-float(self.version))
+        finish = "abort" if rid in self.aborted else "length"
+        for _ in range(params.get("n", 1)):
+            outs.append(
+                SimpleNamespace(
+                    output_ids=list(ids),
+                    output_log_probs=list(lps),
+                    finish_reason=finish,
+                    weight_version=str(self.version),
+                    text="",
+                )
+            )
+        return outs
+
+
+async def update(inflight: InflightRequests, engine: FakeEngine) -> None:
+    await inflight.begin_update()
+    engine.version += 1
+    inflight.end_update()
+
+
+def test_update_aborts_and_samples_resume_under_new_weights():
+    async def main():
+        engine = FakeEngine()
+        inflight = InflightRequests(engine, partial=True, max_aborts=2)
+        group = asyncio.create_task(inflight.generate_group([1, 2], {"n": 2, "max_new_tokens": 20}))
+        await asyncio.sleep(0.05)
+        await update(inflight, engine)
+        out = await group
+        for g in out:
+            assert len(g.output_ids) == 20 and g.finish_reason == "length"
+            assert g.weight_versions == [0, 1] and g.aborts == 1
+            k = g.offpolicy_len
+            assert 0 < k < 20
+            assert g.log_probs[:k] == [0.0] * k and g.log_probs[k:] == [-1.0] * (20 - k)  # kept, then new
+        assert inflight.num_aborted == 1
+
+    asyncio.run(main())
+
+
+def test_a_sample_at_the_abort_cap_is_waited_for():
+    async def main():
+        engine = FakeEngine()
+        inflight = InflightRequests(engine, partial=True, max_aborts=1)
+        group = asyncio.create_task(inflight.generate_group([1], {"n": 1, "max_new_tokens": 30}))
+        await asyncio.sleep(0.05)
+        await update(inflight, engine)  # first abort
+        await asyncio.sleep(0.05)
+        await update(inflight, engine)  # at the cap: the update waits for the sample to finish
+        (g,) = await group
+        assert g.aborts == 1 and g.weight_versions == [0, 1] and len(g.output_ids) == 30
+
+    asyncio.run(main())
+
+
+def test_without_partial_rollout_the_update_waits():
+    async def main():
+        engine = FakeEngine()
+        inflight = InflightRequests(engine, partial=False)
+        group = asyncio.create_task(inflight.generate_group([1], {"n": 1, "max_new_tokens": 10}))
+        await asyncio.sleep(0.03)
+        await update(inflight, engine)
+        assert group.done()  # the update waited for generation to end
+        (g,) = group.result()
+        assert g.weight_versions == [0] and g.aborts == 0 and len(g.output_ids) == 10
+
+    asyncio.run(main())

@@ -1,0 +1,95 @@
+"""Blocking on the data plane between roles (fully_async): Advantages waits for both log_probs and
+ref_log_probs; the Actor does not train on rows that miss a column; ActorFwd waits for the weights of
+the previous step."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from relax.components.actor import ActorRole
+from relax.components.actor_fwd import ActorFwdRole
+from relax.components.advantages import AdvantagesRole
+from relax.config import load_config
+from relax.data.rows import sample_to_row
+from relax.data.sample import Sample
+from relax.distributed.data_plane import ADVANTAGES, LOG_PROBS, REF_LOG_PROBS, LocalDataPlane
+
+
+@pytest.fixture
+def cfg(tiny_model_dir, arith_file, tmp_path):
+    return load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files=[{arith_file}]",
+            f"run.output_dir={tmp_path}",
+            "rollout.prompts_per_step=2",
+            "rollout.n_samples_per_prompt=2",
+            "resources.mode=fully_async",
+            "resources.data_plane=ray",
+            "algorithm.kl_coef=0.1",  # the loss needs reference log-probs
+            "trainer.threads=1",
+        ],
+    )
+
+
+def step_rows():
+    out = []
+    for g in range(2):
+        for k in range(2):
+            s = Sample(index=g, prompt="1+1=", prompt_ids=[5, 6, 7], group_id=g, sample_id=k)
+            s.response_ids = [8, 9] if k else [8]
+            s.rollout_log_probs = [-1.0] * len(s.response_ids)
+            s.reward = float(k)
+            s.weight_versions = [0]
+            out.append(sample_to_row(s))
+    return out
+
+
+def test_advantages_wait_for_log_probs_and_ref_log_probs(cfg):
+    async def main():
+        plane = LocalDataPlane()
+        adv = AdvantagesRole(cfg, plane=plane)
+        fwd = ActorFwdRole(cfg, plane=plane)
+        ref = ActorFwdRole(cfg, reference=True, plane=plane)
+        await plane.put_rows("train_1", step_rows())
+        task = asyncio.create_task(adv.process(1))
+        await ref.process(1)  # reference log-probs alone are not enough
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        assert plane.status("train_1")["columns"].get(ADVANTAGES) is None
+        fwd_task = asyncio.create_task(fwd.process(1))
+        await asyncio.sleep(0.3)
+        assert not fwd_task.done()  # ActorFwd waits for the weights trained through step 0
+        await fwd.set_weights(fwd.model.state_dict(), 0)
+        await fwd_task
+        await asyncio.wait_for(task, 30)
+        cols = plane.status("train_1")["columns"]
+        assert cols[LOG_PROBS] == cols[REF_LOG_PROBS] == cols[ADVANTAGES] == 4
+
+    asyncio.run(main())
+
+
+def test_actor_does_not_train_on_rows_missing_a_column(cfg):
+    async def main():
+        plane = LocalDataPlane()
+        actor = ActorRole(cfg, plane=plane)
+        rows = step_rows()
+        ids = await plane.put_rows("train_1", rows)
+        fake = {LOG_PROBS: [[-1.0] * len(r["response_ids"]) for r in rows]}
+        fake[ADVANTAGES] = [[1.0] * len(r["response_ids"]) for r in rows]
+        await plane.put_columns("train_1", ids, fake)  # everything but ref_log_probs
+        train = asyncio.create_task(actor.train(1))
+        await asyncio.sleep(0.5)
+        assert not train.done() and actor.trainer.step == 0
+        await plane.put_columns("train_1", ids[:3], {REF_LOG_PROBS: fake[LOG_PROBS][:3]})
+        await asyncio.sleep(0.3)
+        assert not train.done() and actor.trainer.step == 0  # one row still misses it
+        await plane.put_columns("train_1", ids[3:], {REF_LOG_PROBS: fake[LOG_PROBS][3:]})
+        metrics = await asyncio.wait_for(train, 60)
+        assert actor.trainer.step == 1 and "train/loss" in metrics
+        assert plane.status("train_1") == {"rows": 0}  # cleared after training
+
+    asyncio.run(main())
