@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled
 .venv/bin/ruff check relax tests benchmarks
 set +e
-.venv/bin/pytest -ra "$@"
+.venv/bin/pytest -ra --durations=20 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
