@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 from relax.config import RelaxConfig
-from relax.data.dataset import PromptSource, load_prompts
+from relax.data.dataset import PromptSource, load_prompt_files
 from relax.data.rows import sample_to_row
 from relax.data.sample import Sample
 from relax.distributed.data_plane import DataPlane, connect_data_plane, partition_name
@@ -37,18 +37,8 @@ class RolloutRole:
 
         setup_logging()
         self.cfg = cfg
-        d = cfg.data
-        rows = []
-        for f in d.train_files:
-            rows += load_prompts(
-                f,
-                prompt_key=d.prompt_key,
-                messages_key=d.messages_key,
-                label_key=d.label_key,
-                metadata_key=d.metadata_key,
-                media_keys=d.media.keys(),
-            )
-        self.source = PromptSource(rows, shuffle=d.shuffle, seed=cfg.run.seed)
+        rows = load_prompt_files(cfg.data.train_files, cfg.data)
+        self.source = PromptSource(rows, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engine_group = None
         urls = list(cfg.rollout.engine_urls)

@@ -16,7 +16,10 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relax.config.schema import DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,21 @@ def load_prompts(
         for row, (_, rec) in zip(rows, records, strict=True):
             row.media = _parse_media(rec, row.where, media_keys, path.parent)
     logger.info("loaded %d prompts from %s", len(rows), path)
+    return rows
+
+
+def load_prompt_files(files: list[str], data: DataConfig) -> list[PromptRow]:
+    """Rows of several prompt files, read with the key names and media keys of the `data` config."""
+    rows: list[PromptRow] = []
+    for f in files:
+        rows += load_prompts(
+            f,
+            prompt_key=data.prompt_key,
+            messages_key=data.messages_key,
+            label_key=data.label_key,
+            metadata_key=data.metadata_key,
+            media_keys=data.media.keys(),
+        )
     return rows
 
 

@@ -5,12 +5,13 @@ training data position and staleness are untouched), its own reward and sampling
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
 
 from relax.config.schema import EvalSetConfig, RelaxConfig
-from relax.data.dataset import PromptRow, load_prompts
+from relax.data.dataset import PromptRow, load_prompt_files
 from relax.engine.eval_metrics import eval_metrics
 from relax.engine.rollout_loop import RolloutLoop
 from relax.rewards import build_scorer
@@ -23,21 +24,11 @@ class Evaluator:
         self.cfg = cfg
         self.loop = loop
         self.sets: list[tuple[EvalSetConfig, list[PromptRow], object]] = []
-        d = cfg.data
         for es in cfg.eval.sets:
-            rows: list[PromptRow] = []
-            for f in es.files:
-                rows += load_prompts(
-                    f,
-                    prompt_key=d.prompt_key,
-                    messages_key=d.messages_key,
-                    label_key=d.label_key,
-                    metadata_key=d.metadata_key,
-                    media_keys=d.media.keys(),
-                )
+            rows = load_prompt_files(es.files, cfg.data)
             # Eval rows get their own index space so their prompt-token cache never meets training rows.
             offset = -1_000_000 * (len(self.sets) + 1)
-            rows = [PromptRow(offset - i, r.prompt, r.label, r.metadata) for i, r in enumerate(rows)]
+            rows = [dataclasses.replace(r, index=offset - i) for i, r in enumerate(rows)]
             if es.max_prompts:
                 rows = rows[: es.max_prompts]
             self.sets.append((es, rows, build_scorer(es.reward or cfg.reward)))
