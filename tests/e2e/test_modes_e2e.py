@@ -33,6 +33,7 @@ def mode_config(tiny_model_dir, arith_file, out_dir, mode, steps, extra=()):
             "eval.before_train=false",
             "rollout.engine_threads=1",
             "trainer.threads=1",
+            "rollout.prompts_per_step=32",
             *extra,
         ],
     )
