@@ -69,7 +69,7 @@ class ActorRole:
                 cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps
             )
             self.value_loss_fn = make_value_loss(cfg.algorithm)
-        self.publisher = WeightPublisher()
+        self.publisher = WeightPublisher(backend=cfg.trainer.weight_sync_backend)
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
 
     # -- training ----------------------------------------------------------------------------
@@ -228,7 +228,13 @@ def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | Trai
         "seed": cfg.run.seed,
     }
     if cfg.trainer.uses_group:
-        return TrainerGroup(cfg.model.path, cfg.trainer, **kwargs)
+        return TrainerGroup(
+            cfg.model.path,
+            cfg.trainer,
+            gpus_per_rank=cfg.resources.trainer_gpus,
+            gpu_group=cfg.resources.gpu_group,
+            **kwargs,
+        )
     return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)
 
 

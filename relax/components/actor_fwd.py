@@ -63,6 +63,24 @@ class ActorFwdRole:
         self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
         self._weights_changed = asyncio.Condition()
         self._task: asyncio.Task | None = None
+        self._receiver = None  # the weight-sync receiver server, started by weight_url()
+
+    def weight_url(self) -> str:
+        """Join the trainer's weight broadcasts: the URL of this role's weight receiver (the trainer adds
+        it to the engines of its weight-sync group, so weights arrive by NCCL/gloo broadcast, no host
+        copy through Ray). `mark_trained` then says which training step the received weights hold."""
+        from relax.distributed.weight_receiver import ModelWeightReceiver, ReceiverServer
+
+        if self._receiver is None:
+            self._receiver = ReceiverServer(ModelWeightReceiver(self.model))
+            self._receiver.start()
+        return self._receiver.url
+
+    async def mark_trained(self, trained_through: int) -> None:
+        """The weights broadcast last (through `weight_url`) are those after training step `trained_through`."""
+        async with self._weights_changed:
+            self.trained_through = trained_through
+            self._weights_changed.notify_all()
 
     async def set_weights(self, state: dict[str, torch.Tensor], trained_through: int) -> None:
         """Load the Actor's weights after training step `trained_through`."""
@@ -127,3 +145,6 @@ class ActorFwdRole:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        if self._receiver is not None:
+            self._receiver.stop()
+            self._receiver = None

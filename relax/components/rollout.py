@@ -51,7 +51,13 @@ class RolloutRole:
                 "threads": cfg.rollout.engine_threads,
                 "seed": cfg.run.seed,
             }
-            self.engine_group = EngineGroup(cfg.model.path, cfg.rollout.num_engines, engine_kwargs)
+            self.engine_group = EngineGroup(
+                cfg.model.path,
+                cfg.rollout.num_engines,
+                engine_kwargs,
+                num_gpus=cfg.resources.engine_gpus or 0.0,
+                gpu_group=cfg.resources.gpu_group,
+            )
             urls = self.engine_group.urls
         self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
         self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))

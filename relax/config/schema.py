@@ -164,6 +164,11 @@ class TrainerConfig(Section):
     compile_layers: bool = Field(
         False, description="fsdp: torch.compile each decoder layer's forward (GPU; fuses the small ops)."
     )
+    weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto",
+        description="Collective backend of trainer -> engine weight sync: `auto` = NCCL when the trainer and "
+        "engines hold separate GPUs, gloo (through host memory) on CPU or when they share GPUs (colocate).",
+    )
     publish_bucket_mb: int = Field(
         256, gt=0, description="Weight-publish bucket size (MiB of gathered tensors)."
     )
@@ -200,7 +205,28 @@ class ResourcesConfig(Section):
     debug_train_delay_s: float = Field(
         0.0, ge=0, description="Testing: the Actor sleeps this long before each update (a slow trainer)."
     )
+    engine_gpus: float | None = Field(
+        None,
+        ge=0,
+        description="GPUs per embedded engine (fractions share a GPU). None = auto "
+        "(relax/orchestration/gpus.py): 0 without GPUs; colocate shares each GPU between a trainer rank and "
+        "an engine; the other modes split the GPUs between engines and trainer.",
+    )
+    trainer_gpus: float | None = Field(
+        None, ge=0, description="GPUs per training rank (None = auto, as for engine_gpus)."
+    )
+    fwd_gpus: float | None = Field(
+        None, ge=0, description="fully_async: GPUs of the ActorFwd and Reference roles each (None = auto)."
+    )
     num_cpus: int = Field(8, gt=0, description="Logical CPUs declared to a locally started Ray.")
+    gpu_group: str | None = Field(
+        None,
+        description="Named Ray placement group of one-GPU bundles shared by colocated engines and training "
+        "ranks (engine i and rank i use bundle i mod G); colocate on GPUs creates it (relax-gpus) if None.",
+    )
+    num_gpus: int | None = Field(
+        None, ge=0, description="GPUs declared to a locally started Ray (None = every visible GPU)."
+    )
     ray_address: str | None = Field(None, description="Existing Ray cluster to join (None = start one).")
     object_store_mb: int = Field(1024, gt=0, description="Object store size of a locally started Ray.")
 

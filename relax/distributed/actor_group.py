@@ -73,6 +73,8 @@ class TrainerGroup:
         with_reference: bool = False,
         seed: int = 0,
         critic: bool = False,
+        gpus_per_rank: float | None = None,
+        gpu_group: str | None = None,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -80,17 +82,23 @@ class TrainerGroup:
 
         self.cfg = cfg
         n = cfg.num_ranks
-        gpus = 1 if _wants_gpu(cfg) else 0
-        bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
-        self.pg = placement_group([bundle] * n, strategy="PACK")
-        ray.get(self.pg.ready(), timeout=300)
+        gpus = gpus_per_rank if gpus_per_rank is not None else (1 if _wants_gpu(cfg) else 0)
+        if gpu_group and gpus:  # colocate: rank r shares bundle r (one GPU) with engine r
+            from relax.orchestration.gpus import bundle_options
+
+            self.pg = None
+            placement = [bundle_options(gpu_group, r) for r in range(n)]
+        else:
+            bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+            self.pg = placement_group([bundle] * n, strategy="PACK")
+            ray.get(self.pg.ready(), timeout=300)
+            placement = [
+                {"scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)}
+                for r in range(n)
+            ]
         rank_cls = ray.remote(FSDPWorker)
         self.ranks = [
-            rank_cls.options(
-                num_cpus=cfg.cpus_per_rank,
-                num_gpus=gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r),
-            ).remote(
+            rank_cls.options(num_cpus=cfg.cpus_per_rank, num_gpus=gpus, **placement[r]).remote(
                 model_path,
                 cfg,
                 rank=r,
@@ -186,7 +194,8 @@ class TrainerGroup:
 
         for r in self.ranks:
             ray.kill(r)
-        remove_placement_group(self.pg)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
         self.ranks = []
 
     def shutdown(self) -> None:

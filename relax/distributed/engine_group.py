@@ -32,11 +32,28 @@ class EngineActor:
 
 
 class EngineGroup:
-    """Starts `n` embedded engines and knows their URLs; `stop()` ends them."""
+    """Starts `n` embedded engines and knows their URLs; `stop()` ends them.
 
-    def __init__(self, model_path: str, n: int, engine_kwargs: dict[str, Any], num_cpus: float = 1.0) -> None:
+    `num_gpus` per engine (a fraction shares a GPU); `gpu_group` names the placement group of one-GPU
+    bundles that colocated engines share with the training ranks (engine i in bundle i mod G).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        n: int,
+        engine_kwargs: dict[str, Any],
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        gpu_group: str | None = None,
+    ) -> None:
+        from relax.orchestration.gpus import bundle_options
+
         self.actors = [
-            EngineActor.options(num_cpus=num_cpus).remote(model_path, engine_kwargs) for _ in range(n)
+            EngineActor.options(
+                num_cpus=num_cpus, num_gpus=num_gpus, **bundle_options(gpu_group if num_gpus else None, i)
+            ).remote(model_path, engine_kwargs)
+            for i in range(n)
         ]
         self.urls: list[str] = ray.get([a.url.remote() for a in self.actors])
         logger.info("embedded engines up: %s", self.urls)

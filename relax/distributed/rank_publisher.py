@@ -46,8 +46,9 @@ def stream_buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> It
 
 
 class RankPublisher:
-    def __init__(self, bucket_bytes: int) -> None:
+    def __init__(self, bucket_bytes: int, backend: str = "auto") -> None:
         self.bucket_bytes = bucket_bytes
+        self.backend = backend
         self.publisher: WeightPublisher | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -59,7 +60,7 @@ class RankPublisher:
 
     def connect(self, urls: list[str]) -> None:
         """Rank 0: form the weight-sync group with the engines at `urls`."""
-        self.publisher = self.publisher or WeightPublisher(self.bucket_bytes)
+        self.publisher = self.publisher or WeightPublisher(self.bucket_bytes, backend=self.backend)
         self._run(self.publisher.connect(urls))
 
     def publish(self, named: Iterable[tuple[str, Tensor]], version: int, sender: bool) -> dict[str, float]:

@@ -35,8 +35,13 @@ def node_ip() -> str:
 
 
 class WeightPublisher:
-    def __init__(self, bucket_bytes: int = 256 << 20, group_name: str = "relax_weights") -> None:
+    def __init__(
+        self, bucket_bytes: int = 256 << 20, group_name: str = "relax_weights", backend: str = "auto"
+    ) -> None:
+        """`backend`: nccl, gloo, or auto (NCCL when this process sees a GPU, else gloo). Engines that share
+        a GPU with the trainer need gloo: NCCL refuses two ranks of one communicator on one GPU."""
         self.bucket_bytes = bucket_bytes
+        self.backend = backend
         self.group_name = group_name
         self.group = None
         self.clients: list[EngineClient] = []
@@ -45,7 +50,9 @@ class WeightPublisher:
     async def connect(self, urls: list[str]) -> None:
         """Form the weight-sync group with the engines at `urls` (each joins through its HTTP API)."""
         await self.close()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = self.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.clients = [EngineClient(u) for u in urls]
         self.group = await weight_sync.init_weight_sync(
             self.clients, node_ip(), free_port(), backend=backend, group_name=self.group_name

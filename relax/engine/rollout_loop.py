@@ -152,6 +152,7 @@ def rollout_metrics(samples: list[Sample], step: int) -> dict[str, float]:
         "rollout/reward_mean": statistics.fmean(rewards),
         "rollout/reward_std": statistics.pstdev(rewards),
         "rollout/response_len_mean": statistics.fmean(lengths),
+        "rollout/prompt_len_mean": statistics.fmean(len(s.prompt_ids) for s in samples),
         "rollout/response_len_max": float(max(lengths)),
         "rollout/truncated_frac": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
         "rollout/num_samples": float(len(samples)),

@@ -39,9 +39,8 @@ class StepFlow:
         self.rollout.begin_weight_update.remote().result()
         try:
             version = self.actor.push_weights.remote().result()
-            if "actor_fwd" in self.stages:
-                state = self.actor.state_dict.remote()
-                self.stages["actor_fwd"].set_weights.remote(state, trained_step).result()
+            if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
+                self.stages["actor_fwd"].mark_trained.remote(trained_step).result()
         finally:
             self.rollout.end_weight_update.remote(trained_step).result()
         return version

@@ -15,7 +15,7 @@ from pathlib import Path
 from relax.config import RelaxConfig, dump_config
 from relax.distributed.data_plane import DataPlane, create_data_plane
 from relax.orchestration import checkpoint as ckpt
-from relax.orchestration import service
+from relax.orchestration import gpus, service
 from relax.orchestration.async_loop import StepFlow
 from relax.orchestration.progress import Progress
 from relax.orchestration.registry import roles_for_mode
@@ -35,6 +35,7 @@ class Controller:
         self.flow: StepFlow | None = None
         self.plane: DataPlane | None = None
         self._owns_ray = False
+        self._gpu_group = None  # colocate on GPUs: the placement group engines and ranks share
 
     # -- life cycle --------------------------------------------------------------------------
     def run(self) -> int:
@@ -65,16 +66,25 @@ class Controller:
 
     def _start_roles(self) -> None:
         r = self.cfg.resources
-        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb)
+        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
+        gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
+        self._gpu_group = gpus.ensure_gpu_group(self.cfg, gpus.cluster_gpus())
         service.start_serve()
         self.plane = create_data_plane(r.data_plane)
         for role in roles_for_mode(r.mode, self.cfg):
             self.handles[role.name] = service.deploy_role(
-                role.name, role.cls, self.cfg, num_cpus=role.num_cpus, **role.kwargs
+                role.name,
+                role.cls,
+                self.cfg,
+                num_cpus=role.num_cpus,
+                num_gpus=gpus.role_gpus(self.cfg, role.name),
+                **role.kwargs,
             )
         self.rollout, self.actor = self.handles["rollout"], self.handles["actor"]
         self.flow = StepFlow(r.mode, self.handles)
         urls = self.rollout.engine_urls.remote().result()
+        if "actor_fwd" in self.handles:  # ActorFwd receives the weight broadcasts like an engine
+            urls.append(self.handles["actor_fwd"].weight_url.remote().result())
         self.actor.connect_engines.remote(urls).result()
 
     def _shutdown(self) -> None:
@@ -82,12 +92,16 @@ class Controller:
             self.flow.stop()
         try:
             if "rollout" in self.handles:
-                self.rollout.stop_engines.remote().result(timeout_s=60)
+                self.handles["rollout"].stop_engines.remote().result(timeout_s=60)
         except Exception:  # noqa: BLE001 - best effort on the way out
             logger.exception("rollout shutdown failed")
         if self.plane is not None:
             asyncio.run(self.plane.close())
         service.shutdown(stop_ray=self._owns_ray)
+        if self._gpu_group is not None and not self._owns_ray:
+            from ray.util import remove_placement_group
+
+            remove_placement_group(self._gpu_group)
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self, start_step: int) -> int:

@@ -46,6 +46,10 @@ def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
         cfg.resources.ray_address, cfg.resources.num_cpus, cfg.resources.object_store_mb
     )
     try:
+        from relax.orchestration.gpus import cluster_gpus
+
+        if cfg.resources.engine_gpus is None:  # no trainer here: each engine takes a whole GPU
+            cfg.resources.engine_gpus = 1.0 if cluster_gpus() and cfg.trainer.device != "cpu" else 0.0
         service.start_serve()
         rollout = service.deploy_role("rollout", RolloutRole, cfg)
         try:

@@ -21,7 +21,7 @@ def set_ray_env_defaults() -> None:
         os.environ.setdefault(k, v)
 
 
-def start_ray(address: str | None, num_cpus: int, object_store_mb: int) -> bool:
+def start_ray(address: str | None, num_cpus: int, object_store_mb: int, num_gpus: int | None = None) -> bool:
     """Join `address`, or start a local single-node Ray bound to 127.0.0.1. Returns whether this call
     connected (False when Ray was already initialised in this process, e.g. by a test session)."""
     set_ray_env_defaults()
@@ -34,6 +34,7 @@ def start_ray(address: str | None, num_cpus: int, object_store_mb: int) -> bool:
     else:
         ray.init(
             num_cpus=num_cpus,
+            num_gpus=num_gpus,
             object_store_memory=object_store_mb * 1024 * 1024,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

@@ -49,6 +49,7 @@ from relax.rewards.format import format_think_answer
 from relax.rewards.genrm import genrm
 from relax.rewards.math import math_reward
 from relax.rewards.remote import remote
+from relax.rewards.synthetic import token_rate
 from relax.rewards.text import exact_match, f1, first_number
 
 RewardKind = Literal["sample", "group"]
@@ -122,6 +123,7 @@ REWARDS: dict[str, RewardSpec] = {
     "format_think_answer": _builtin(format_think_answer),
     "dapo": _builtin(dapo),
     "remote": _builtin(remote),
+    "token_rate": _builtin(token_rate),  # synthetic: share of token ids divisible by `modulus` (benchmarks)
     "genrm": _builtin(genrm, kind="group"),  # LLM judge; needs RewardConfig.genrm (the GenRM service)
 }
 

@@ -312,7 +312,7 @@ class FSDPWorker:
         if getattr(self, "_rank_publisher", None) is None:
             from relax.distributed.rank_publisher import RankPublisher  # HTTP clients: only when publishing
 
-            self._rank_publisher = RankPublisher(self.cfg.publish_bucket_mb << 20)
+            self._rank_publisher = RankPublisher(self.cfg.publish_bucket_mb << 20, self.cfg.weight_sync_backend)
         return self._rank_publisher
 
     def gather_optimizer_state(self, key: str = "exp_avg") -> dict[str, Tensor] | None:

@@ -1,0 +1,138 @@
+"""A weight-sync receiver for a training-side model (ActorFwd): the three endpoints of the engines'
+weight protocol (`/init_weights_update_group`, `/update_weights_from_distributed`,
+`/destroy_weights_update_group`) on 127.0.0.1, so the trainer's publisher treats the model as one more
+rank of its broadcast group: same buckets, same backend (NCCL between GPUs), no host copy.
+
+The owner decides when received weights count: `version` is the weight version of the last completed
+push (the version the trainer sends with the last bucket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import torch
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from relax.backends.inference.protocol import (
+    DestroyWeightsUpdateGroupRequest,
+    InitWeightsUpdateGroupRequest,
+    UpdateWeightsFromDistributedRequest,
+)
+from relax.distributed.weight_sync import WeightSyncGroup, create_group
+
+logger = logging.getLogger(__name__)
+
+
+class ModelWeightReceiver:
+    """Loads broadcast buckets into `model`'s parameters and buffers by name."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.params = {**dict(model.named_buffers()), **dict(model.named_parameters())}
+        self.device = next(model.parameters()).device
+        self.groups: dict[str, WeightSyncGroup] = {}
+        self.version: str | None = None
+        self.loaded = 0  # tensors loaded since start (tests)
+
+    def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
+        if req.group_name in self.groups:
+            self.groups.pop(req.group_name).destroy()
+        device = self.device if req.backend == "nccl" else None
+        self.groups[req.group_name] = create_group(
+            req.master_address,
+            req.master_port,
+            req.rank_offset,
+            req.world_size,
+            req.backend,
+            req.group_name,
+            device=device,
+        )
+
+    def update(self, req: UpdateWeightsFromDistributedRequest) -> None:
+        if req.group_name not in self.groups:
+            raise ValueError(
+                f"no weight-sync group named {req.group_name!r}; call /init_weights_update_group first"
+            )
+        tensors = self.groups[req.group_name].receive(
+            list(zip(req.names, req.dtypes, req.shapes, strict=True))
+        )
+        unknown = [n for n in tensors if n not in self.params]
+        if unknown:
+            logger.warning("weight receiver: %d unknown names ignored (e.g. %s)", len(unknown), unknown[0])
+        with torch.no_grad():
+            for name, t in tensors.items():
+                if name in self.params:
+                    self.params[name].copy_(t)
+                    self.loaded += 1
+        if req.weight_version is not None:
+            self.version = req.weight_version
+
+    def destroy(self, req: DestroyWeightsUpdateGroupRequest) -> None:
+        if req.group_name not in self.groups:
+            raise ValueError(f"no weight-sync group named {req.group_name!r}")
+        self.groups.pop(req.group_name).destroy()
+
+
+def build_receiver_app(receiver: ModelWeightReceiver) -> FastAPI:
+    app = FastAPI(title="Relax weight receiver")
+
+    async def call(fn: Any, req: Any, done: str) -> JSONResponse:
+        try:
+            await asyncio.to_thread(fn, req)
+        except (ValueError, KeyError, RuntimeError) as e:
+            logger.warning("weight receiver %s failed: %s", fn.__name__, e)
+            return JSONResponse({"success": False, "message": f"{fn.__name__} failed: {e}"}, status_code=400)
+        return JSONResponse({"success": True, "message": f"Succeeded: {done}."})
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
+    @app.post("/init_weights_update_group")
+    async def init_group(req: InitWeightsUpdateGroupRequest) -> JSONResponse:
+        return await call(receiver.init_group, req, "joined the weight update group")
+
+    @app.post("/update_weights_from_distributed")
+    async def update(req: UpdateWeightsFromDistributedRequest) -> JSONResponse:
+        return await call(receiver.update, req, "weights updated")
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy(req: DestroyWeightsUpdateGroupRequest) -> JSONResponse:
+        return await call(receiver.destroy, req, "group destroyed")
+
+    return app
+
+
+class ReceiverServer:
+    """Serves a `ModelWeightReceiver` with uvicorn in a daemon thread on 127.0.0.1 (port 0 = free)."""
+
+    def __init__(self, receiver: ModelWeightReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.receiver = receiver
+        config = uvicorn.Config(build_receiver_app(receiver), host=host, port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="weight-receiver", daemon=True)
+        self.host = host
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not (self.server.started and self.server.servers):
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("weight receiver server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
