@@ -10,7 +10,9 @@ Auto rules, with G the cluster's GPUs, E = `rollout.num_engines` and R = `traine
 * hybrid, fully_async: the GPUs are split; the trainer's ranks take one GPU each and the engines one
   each (E + R <= G); in fully_async the ActorFwd and Reference roles take a quarter of a GPU each,
   beside the trainer's ranks (trainer_gpus 0.5 then, so the forward roles fit on the last rank's GPU).
-  Weight sync runs over NCCL between distinct GPUs.
+  Weight sync runs over NCCL between distinct GPUs (hybrid); in fully_async the ActorFwd receiver sits
+  on the trainer's GPU, which NCCL refuses, so the group falls back to gloo there (a CUDA-IPC hand-off
+  from the trainer to ActorFwd on the same GPU is the planned fix).
 
 An explicit number in the config always wins; the plan only fills what is None.
 """
@@ -57,7 +59,9 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
     if r.fwd_gpus is None:
         r.fwd_gpus = fwd
     if t.weight_sync_backend == "auto":
-        shared = r.mode == "colocate" and r.engine_gpus > 0 and r.trainer_gpus > 0
+        # Any GPU holding two members of the broadcast group (a rank and an engine in colocate; the
+        # trainer and the ActorFwd receiver in fully_async) rules NCCL out.
+        shared = (r.mode == "colocate" and r.engine_gpus > 0 and r.trainer_gpus > 0) or (r.fwd_gpus or 0) > 0
         t.weight_sync_backend = "nccl" if r.engine_gpus > 0 and r.trainer_gpus > 0 and not shared else "gloo"
     if wants_gpu:
         logger.info(
