@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -49,3 +50,24 @@ class EngineGroup:
                 pass
             ray.kill(actor)
         self.actors = []
+
+
+class RayEngineProvider:
+    """Starts one more embedded engine actor at a time (elastic `ray_native` scale-out)."""
+
+    def __init__(self, model_path: str, engine_kwargs: dict[str, Any], num_cpus: float = 1.0) -> None:
+        self.model_path, self.engine_kwargs, self.num_cpus = model_path, engine_kwargs, num_cpus
+
+    def launch(self) -> Any:
+        return EngineActor.options(num_cpus=self.num_cpus).remote(self.model_path, self.engine_kwargs)
+
+    async def url(self, handle: Any) -> str:
+        return await handle.url.remote()
+
+    async def stop(self, handle: Any, graceful: bool = True) -> None:
+        if graceful:
+            try:
+                await asyncio.wait_for(handle.stop.remote(), timeout=30)
+            except Exception as e:  # noqa: BLE001 - it may already be gone; it is killed below anyway
+                logger.debug("engine actor stop: %s", e)
+        ray.kill(handle)
