@@ -98,6 +98,7 @@ class ElasticManager:
         "engine_urls": [...]}`; returns (operation, created)."""
         if (op := self._replay("scale_out", request, key)) is not None:
             return op, False
+        self._check_idle()  # the engines are in flux while another operation runs
         if request.get("mode") == "ray_native":
             if self.provider is None:
                 raise BadRequest("this rollout cannot start engines (no Ray); use mode external")
@@ -125,6 +126,7 @@ class ElasticManager:
         start are protected. Returns (operation, created)."""
         if (op := self._replay("scale_in", request, key)) is not None:
             return op, False
+        self._check_idle()  # the engines are in flux while another operation runs
         active = [r for r in self.records.values() if r.state == "active"]
         if request.get("engine_urls"):
             urls = [u.rstrip("/") for u in request["engine_urls"]]
@@ -242,6 +244,14 @@ class ElasticManager:
         if key is None or key not in self.book._keys:  # noqa: SLF001 - the book's own index
             return None
         return self.book.submit(kind, request, self._timeout(request), key)[0]
+
+    def _check_idle(self) -> None:
+        running = self.book.running()
+        if running is not None:
+            raise Conflict(
+                f"operation {running.id} ({running.kind}) is still {running.state.value}; one operation "
+                f"runs at a time: wait for it (GET /v1/operations/{running.id}) or cancel it"
+            )
 
     def _timeout(self, request: dict[str, Any]) -> float:
         return float(request.get("timeout_s") or self.operation_timeout_s)
