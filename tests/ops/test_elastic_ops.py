@@ -95,3 +95,14 @@ def test_book_forgets_oldest_finished():
     assert ids[0] not in book.ops and ids[1] not in book.ops
     assert ids[2] in book.ops and ids[3] in book.ops
     assert "k0" not in book._keys and "k3" in book._keys  # keys go with their operations
+
+
+def test_committed_openapi_is_current():
+    """docs/elastic_openapi.json is what the API serves (regenerate: python -m relax.ops.elastic_api)."""
+    import json
+    from pathlib import Path
+
+    from relax.ops.elastic_api import openapi_document
+
+    committed = json.loads((Path(__file__).parents[2] / "docs" / "elastic_openapi.json").read_text())
+    assert committed == json.loads(json.dumps(openapi_document()))
