@@ -258,7 +258,9 @@ class ElasticServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = self._uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        config = self._uvicorn.Config(
+            self.app, log_level="warning", access_log=False, lifespan="off", loop="asyncio"
+        )
         self._server = self._uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="relax-elastic-api", daemon=True

@@ -226,6 +226,9 @@ class ElasticManager:
 
     async def group_formed(self, urls: list[str]) -> None:
         self.members = [u.rstrip("/") for u in urls]
+        running = self.book.running()
+        if running is not None and running.state is S.REMOVING:
+            running.cancellable = not all(u not in self.members for u in running.engines)
         for rec in [r for r in self._reap if r.url not in self.members]:
             self._reap.remove(rec)
             await self._stop_engine(rec, graceful=self.router.outstanding(rec.url) == 0)
@@ -265,8 +268,10 @@ class ElasticManager:
     async def _drive(self, op: Operation, body: Callable[[Operation, Undo], Awaitable[None]]) -> None:
         undo: Undo = []
         cause = ""
+        logger.info("elastic %s %s started: %s", op.kind, op.id, op.request)
         try:
             await asyncio.wait_for(body(op, undo), op.timeout_s)
+            logger.info("elastic %s %s %s: %s", op.kind, op.id, op.state.value, op.message)
             return
         except asyncio.CancelledError:
             if not op.cancel_requested:
@@ -387,8 +392,13 @@ class ElasticManager:
                 await self._stop_engine(rec, graceful=True)
 
     async def _restore(self, recs: list[EngineRecord]) -> None:
-        """Undo a scale-in that has not left the group: the engines take traffic again."""
+        """Undo a scale-in: engines still in the weight-sync group take traffic again; one that has
+        left it (a timeout just after the push) holds old weights, so its removal is finished instead."""
         for rec in recs:
+            if rec.url not in self.members:
+                self._forget(rec)
+                await self._stop_engine(rec, graceful=self.router.outstanding(rec.url) == 0)
+                continue
             rec.state = "active"
             self.router.add_engine(rec.url)
             if rec.url not in self.desired:
