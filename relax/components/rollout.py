@@ -42,15 +42,15 @@ class RolloutRole:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engine_group = None
         urls = list(cfg.rollout.engine_urls)
+        engine_kwargs = {
+            "dtype": cfg.model.dtype,
+            "max_running": cfg.rollout.engine_max_running,
+            "threads": cfg.rollout.engine_threads,
+            "seed": cfg.run.seed,
+        }
         if cfg.rollout.engine == "embedded":
             from relax.distributed.engine_group import EngineGroup
 
-            engine_kwargs = {
-                "dtype": cfg.model.dtype,
-                "max_running": cfg.rollout.engine_max_running,
-                "threads": cfg.rollout.engine_threads,
-                "seed": cfg.run.seed,
-            }
             self.engine_group = EngineGroup(
                 cfg.model.path,
                 cfg.rollout.num_engines,
@@ -70,6 +70,55 @@ class RolloutRole:
         self._ahead: dict[int, int] = {}  # step -> steps ahead of training when it started
         self._source_states: dict[int, dict] = {}  # step -> prompt position before it was drawn
         self._trained = 0  # last training step whose weights the engines hold
+        self.elastic, self._elastic_server = None, None
+        if cfg.rollout.elastic.enabled:
+            self._start_elastic(engine_kwargs)
+
+    # -- elastic scaling (relax/ops, docs/elastic_api.md) ------------------------------------
+    def _start_elastic(self, engine_kwargs: dict) -> None:
+        """Serve the elastic API; needs the event loop the role's async methods run on (Serve's)."""
+        from relax.ops.elastic_api import ElasticServer, record_endpoint
+        from relax.ops.elastic_manager import ElasticManager
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            logger.info("elastic API not started: the rollout runs outside an event loop")
+            return
+        provider = None
+        with contextlib.suppress(ImportError):
+            import ray
+
+            if ray.is_initialized():
+                from relax.distributed.engine_group import RayEngineProvider
+
+                provider = RayEngineProvider(
+                    self.cfg.model.path, engine_kwargs, num_gpus=self.cfg.resources.engine_gpus or 0.0
+                )
+        e = self.cfg.rollout.elastic
+        self.elastic = ElasticManager(
+            self.router,
+            self.router.urls(),
+            provider=provider,
+            operation_timeout_s=e.operation_timeout_s,
+            drain_timeout_s=e.drain_timeout_s,
+            max_engines=e.max_engines,
+        )
+        self._elastic_server = ElasticServer(self.elastic, loop, e.host, e.port)
+        record_endpoint(self.cfg.run.run_dir, "elastic_api", self._elastic_server.start())
+
+    async def elastic_plan(self) -> list[str] | None:
+        """Before a weight push: the engines the weight-sync group should have, or None if unchanged."""
+        return self.elastic.plan() if self.elastic is not None else None
+
+    async def elastic_join_failed(self, error: str) -> list[str]:
+        return await self.elastic.join_failed(error)
+
+    async def elastic_group_formed(self, urls: list[str]) -> None:
+        await self.elastic.group_formed(urls)
+
+    async def elastic_pushed(self, version: int) -> None:
+        await self.elastic.pushed(version)
 
     def engine_urls(self) -> list[str]:
         return self.router.urls()
@@ -158,6 +207,12 @@ class RolloutRole:
 
     async def stop_engines(self) -> None:
         await self.stop()
+        if self._elastic_server is not None:
+            self._elastic_server.stop()
+            self._elastic_server = None
+        if self.elastic is not None:
+            await self.elastic.close()
+            self.elastic = None
         self.loop.close()
         await self.router.close()
         if self.engine_group is not None:

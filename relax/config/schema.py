@@ -78,6 +78,21 @@ class DataConfig(Section):
     media: MediaConfig = Field(default_factory=MediaConfig, description="Images, videos and audio of rows.")
 
 
+class ElasticConfig(Section):
+    """The elastic rollout REST API (docs/elastic_api.md), served by the Rollout role."""
+
+    enabled: bool = Field(True, description="Serve the elastic API (scale out/in, engines, operations).")
+    host: str = Field("127.0.0.1", description="Address the API listens on (loopback unless you need more).")
+    port: int = Field(0, ge=0, le=65535, description="API port (0 = a free port); the URL goes to endpoints.json.")
+    operation_timeout_s: float = Field(
+        600.0, gt=0, description="Default deadline of one scale operation; past it the operation rolls back."
+    )
+    drain_timeout_s: float = Field(
+        60.0, ge=0, description="Scale-in: how long a removed engine may finish its requests before it is stopped."
+    )
+    max_engines: int = Field(16, gt=0, description="Scale-out refuses to go past this many engines.")
+
+
 class RolloutConfig(Section):
     prompts_per_step: int = Field(16, gt=0, description="Prompts drawn per training step.")
     n_samples_per_prompt: int = Field(8, gt=0, description="Responses sampled per prompt (GRPO group).")
@@ -107,6 +122,7 @@ class RolloutConfig(Section):
     mask_offpolicy_tokens: bool = Field(
         False, description="Partial rollout: loss mask 0 on tokens generated before the last abort."
     )
+    elastic: ElasticConfig = Field(default_factory=ElasticConfig, description="Elastic rollout REST API.")
 
     @model_validator(mode="after")
     def _external_needs_urls(self) -> RolloutConfig:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -66,3 +67,30 @@ class EngineGroup:
                 pass
             ray.kill(actor)
         self.actors = []
+
+
+class RayEngineProvider:
+    """Starts one more embedded engine actor at a time (elastic `ray_native` scale-out)."""
+
+    def __init__(
+        self, model_path: str, engine_kwargs: dict[str, Any], num_cpus: float = 1.0, num_gpus: float = 0.0
+    ) -> None:
+        self.model_path, self.engine_kwargs = model_path, engine_kwargs
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+
+    def launch(self) -> Any:
+        """A new engine actor (with the run's GPU share per engine; outside any colocate GPU group)."""
+        return EngineActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus).remote(
+            self.model_path, self.engine_kwargs
+        )
+
+    async def url(self, handle: Any) -> str:
+        return await handle.url.remote()
+
+    async def stop(self, handle: Any, graceful: bool = True) -> None:
+        if graceful:
+            try:
+                await asyncio.wait_for(handle.stop.remote(), timeout=30)
+            except Exception as e:  # noqa: BLE001 - it may already be gone; it is killed below anyway
+                logger.debug("engine actor stop: %s", e)
+        ray.kill(handle)

@@ -79,6 +79,12 @@ class Router:
                 "router: engine %s removed (%d requests in flight finish there)", url, entry.outstanding
             )
 
+    def outstanding(self, url: str) -> int:
+        """Requests in flight on `url`, whether it is a member or removed and still finishing them."""
+        url = url.rstrip("/")
+        entries = [self.engines.get(url), *(e for e in self._retired if e.url == url)]
+        return sum(e.outstanding for e in entries if e is not None)
+
     def urls(self, healthy_only: bool = False) -> list[str]:
         return [u for u, e in self.engines.items() if e.healthy or not healthy_only]
 

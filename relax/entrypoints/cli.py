@@ -1,4 +1,4 @@
-"""The `relax` command line: train, doctor, tiny-model, data, engine."""
+"""The `relax` command line: train, doctor, tiny-model, data, engine, status."""
 
 from __future__ import annotations
 
@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.entrypoints.export_cmd import add_export_parser
 
     add_export_parser(sub)
+    from relax.entrypoints.status_cmd import add_status_parser
+
+    add_status_parser(sub)
     return p
 
 

@@ -23,6 +23,10 @@ class StepFlow:
         self.streaming = mode in STREAMING_MODES
         self.rollout, self.actor = handles["rollout"], handles["actor"]
         self.stages = {n: handles[n] for n in STAGES if n in handles}
+        # Weight receivers beside the engines: ActorFwd joins the trainer's broadcast group like an engine.
+        self.receivers: list[str] = []
+        if "actor_fwd" in self.stages:
+            self.receivers.append(self.stages["actor_fwd"].weight_url.remote().result())
 
     def start(self, first_step: int) -> None:
         """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
@@ -38,12 +42,30 @@ class StepFlow:
         first waits for or aborts in-flight generation, then resumes and counts the step consumed."""
         self.rollout.begin_weight_update.remote().result()
         try:
+            plan = self._apply_engine_changes()
             version = self.actor.push_weights.remote().result()
+            if plan is not None:
+                self.rollout.elastic_pushed.remote(version).result()
             if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
                 self.stages["actor_fwd"].mark_trained.remote(trained_step).result()
         finally:
             self.rollout.end_weight_update.remote(trained_step).result()
         return version
+
+    def _apply_engine_changes(self) -> list[str] | None:
+        """Elastic scaling: engines join or leave the weight-sync group here, where the trainer is
+        idle; a group that cannot be formed with the joining engines is formed without them."""
+        plan = self.rollout.elastic_plan.remote().result()
+        if plan is None:
+            return None
+        try:
+            self.actor.connect_engines.remote(plan + self.receivers).result()
+        except Exception as e:  # noqa: BLE001 - the joining engines fail; training goes on without them
+            logger.warning("weight-sync group with %s failed (%s); forming it without the new engines", plan, e)
+            plan = self.rollout.elastic_join_failed.remote(str(e)).result()
+            self.actor.connect_engines.remote(plan + self.receivers).result()
+        self.rollout.elastic_group_formed.remote(plan).result()
+        return plan
 
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface."""

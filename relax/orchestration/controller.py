@@ -83,9 +83,7 @@ class Controller:
         self.rollout, self.actor = self.handles["rollout"], self.handles["actor"]
         self.flow = StepFlow(r.mode, self.handles)
         urls = self.rollout.engine_urls.remote().result()
-        if "actor_fwd" in self.handles:  # ActorFwd receives the weight broadcasts like an engine
-            urls.append(self.handles["actor_fwd"].weight_url.remote().result())
-        self.actor.connect_engines.remote(urls).result()
+        self.actor.connect_engines.remote(urls + self.flow.receivers).result()
 
     def _shutdown(self) -> None:
         if self.flow is not None:

@@ -153,6 +153,16 @@ class EngineClient:
         await self._request("GET", "/health", timeout=timeout_s)
         return True
 
+    async def health_generate(self, timeout_s: float | None = 60.0) -> bool:
+        """True when the engine generates one token (`/health_generate`); raises like `health`."""
+        await self._request("GET", "/health_generate", timeout=timeout_s)
+        return True
+
+    async def weight_version(self) -> str | None:
+        """The version of the weights the engine holds now (`/get_weight_version`)."""
+        version = (await self._request("GET", "/get_weight_version")).json().get("weight_version")
+        return None if version is None else str(version)
+
     async def model_info(self) -> dict[str, Any]:
         return (await self._request("GET", "/get_model_info")).json()
 
@@ -218,6 +228,12 @@ class EngineClient:
         }
         return _checked(
             self.base_url, (await self._request("POST", "/update_weights_from_distributed", body)).json()
+        )
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict[str, Any]:
+        body = {"group_name": group_name}
+        return _checked(
+            self.base_url, (await self._request("POST", "/destroy_weights_update_group", body)).json()
         )
 
     async def update_weights_from_disk(self, path: str, weight_version: str | None = None) -> dict[str, Any]:

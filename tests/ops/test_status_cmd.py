@@ -1,0 +1,39 @@
+"""`relax status` on run folders without a live API (the live case is in test_elastic_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+
+from relax.distributed.weight_publisher import free_port
+from relax.entrypoints.cli import main
+
+
+def test_status_of_a_finished_run(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("trainer:\n  num_steps: 50\n")
+    rows = [
+        {"step": 1, "rollout/reward_mean": 0.125, "weight_version": 1},
+        {"step": 2, "rollout/reward_mean": 0.25, "weight_version": 2},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rollo')
+    (run / "endpoints.json").write_text(json.dumps({"elastic_api": f"http://127.0.0.1:{free_port()}"}))
+    assert main(["status", str(run), "--timeout", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "step      2 / 50" in out  # the torn last line of a killed run is skipped
+    assert "reward    0.2500" in out and "weights   v2" in out
+    assert "did not answer" in out and "still going" in out
+
+    assert main(["status", str(run), "--json", "--timeout", "2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["step"] == 2 and data["reward"] == 0.25 and "api_error" in data
+
+
+def test_status_without_a_run_folder(tmp_path, capsys):
+    assert main(["status", str(tmp_path / "missing")]) == 2
+    assert "no run folder" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["status", str(empty)]) == 0
+    out = capsys.readouterr().out
+    assert "no step finished yet" in out and "endpoints.json" in out
