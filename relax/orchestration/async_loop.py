@@ -85,6 +85,7 @@ class StepFlow:
                 break
             except TimeoutError:
                 self.check()
+        self.check()  # an Actor replaced while it trained answered from fresh state: not a result
         for handle in self.stages.values():
             metrics.update(handle.metrics.remote(step).result())
         return metrics
