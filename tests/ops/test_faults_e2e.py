@@ -41,7 +41,7 @@ def fault_config(tiny_model_dir, arith_file, out_dir, name, notify_url, *extra):
             "ops.progress=false",
             "ops.tensorboard=false",
             "ops.heartbeat_interval_s=0.5",
-            "ops.heartbeat_timeout_s=20",
+            "ops.heartbeat_timeout_s=15",
             f"ops.notify_urls=[{notify_url}]",
             "eval.sets=[]",
             "eval.before_train=false",
@@ -109,70 +109,50 @@ def titles(inbox) -> list[str]:
     return [b["title"].split("] ", 1)[1] for b in inbox.bodies]
 
 
-def test_engine_killed_mid_run_is_replaced(ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox):
+def test_engine_and_actor_fwd_killed_are_replaced_in_place(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox
+):
+    """fully_async with two engines: an engine is killed after step 1, the ActorFwd replica after step 3;
+    the run finishes all steps without a global restart."""
     cfg = fault_config(
         tiny_model_dir,
         arith_file,
         tmp_path,
-        "engine",
-        inbox.url,
-        "rollout.num_engines=2",
-        "trainer.num_steps=4",
-    )
-    killed = []
-
-    def plan() -> None:
-        wait_for(lambda: len(steps_logged(cfg)) >= 1, "step 1")
-        pid = wait_for(lambda: beat_pid("engine/0"), "engine/0 heartbeat")
-        kill(pid)
-        killed.append(pid)
-
-    killer = Killer(plan)
-    killer.start()
-    assert Controller(cfg).run() == 4
-    killer.join(timeout=60)
-    assert killer.error is None and killed, killer.error
-    out = rows(cfg)
-    assert [r["step"] for r in out] == [1, 2, 3, 4]
-    # every step trained on exactly prompts_per_step x n samples: none lost, none counted twice
-    assert [r["rollout/num_samples"] for r in out] == [32.0] * 4
-    # colocate is on-policy: a sample from an engine without the current weights would show here
-    assert all(r["rollout/staleness_max"] == 0 for r in out), [r["rollout/staleness_max"] for r in out]
-    assert out[-1]["health/engine_restarts"] == 1.0
-    assert "restart: engine" in titles(inbox)
-    assert titles(inbox)[-1] == "run finished"
-
-
-def test_actor_fwd_killed_is_restarted_in_place(ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox):
-    cfg = fault_config(
-        tiny_model_dir,
-        arith_file,
-        tmp_path,
-        "actor_fwd",
+        "in_place",
         inbox.url,
         "resources.mode=fully_async",
         "resources.max_staleness=1",
-        "trainer.num_steps=4",
+        "rollout.num_engines=2",
+        "trainer.num_steps=5",
     )
     killed = []
 
     def plan() -> None:
         wait_for(lambda: len(steps_logged(cfg)) >= 1, "step 1")
-        pid = wait_for(lambda: beat_pid("actor_fwd"), "actor_fwd heartbeat")
-        kill(pid)
-        killed.append(pid)
+        kill(wait_for(lambda: beat_pid("engine/0"), "engine/0 heartbeat"))
+        killed.append("engine/0")
+        wait_for(lambda: len(steps_logged(cfg)) >= 3, "step 3")
+        kill(wait_for(lambda: beat_pid("actor_fwd"), "actor_fwd heartbeat"))
+        killed.append("actor_fwd")
 
     killer = Killer(plan)
     killer.start()
-    assert Controller(cfg).run() == 4
+    assert Controller(cfg).run() == 5
     killer.join(timeout=60)
-    assert killer.error is None and killed, killer.error
+    assert killer.error is None and killed == ["engine/0", "actor_fwd"], (killer.error, killed)
     out = rows(cfg)
-    assert [r["step"] for r in out] == [1, 2, 3, 4]
-    assert [r["rollout/num_samples"] for r in out] == [32.0] * 4
+    assert [r["step"] for r in out] == [1, 2, 3, 4, 5]
+    # every step trained on exactly prompts_per_step x n samples: none lost, none counted twice
+    assert [r["rollout/num_samples"] for r in out] == [32.0] * 5
+    # a sample from an engine without the current weights (version 0) would break the staleness bound
+    assert max(r["rollout/staleness_max"] for r in out) <= 1, [r["rollout/staleness_max"] for r in out]
+    assert max(r["staleness/max"] for r in out) <= 1
+    assert out[-1]["health/engine_restarts"] == 1.0
     assert out[-1]["health/role_restarts"] >= 1.0
-    assert "restart: actor_fwd" in titles(inbox)
-    assert not (cfg.run.run_dir / "metrics.superseded.jsonl").exists()  # no global restart
+    got = titles(inbox)
+    assert "restart: engine" in got and "restart: actor_fwd" in got, got
+    assert "restart: global" not in got and got[-1] == "run finished", got
+    assert not (cfg.run.run_dir / "metrics.superseded.jsonl").exists()
 
 
 def test_actor_killed_global_restart_then_restart_cap(
