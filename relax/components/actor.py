@@ -71,6 +71,7 @@ class ActorRole:
             self.value_loss_fn = make_value_loss(cfg.algorithm)
         self.publisher = WeightPublisher(backend=cfg.trainer.weight_sync_backend)
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
+        self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
 
     # -- training ----------------------------------------------------------------------------
     async def train(self, step: int) -> dict[str, float]:
@@ -87,6 +88,7 @@ class ActorRole:
             else:
                 data = await self.plane.get(partition, self.train_columns, "actor", total)
                 columns = data.columns
+        self._received_step = step
         metrics = await asyncio.to_thread(self.train_sync, batch_from_columns(columns), times)
         await self.plane.clear(partition)
         return metrics
@@ -210,6 +212,10 @@ class ActorRole:
         if self.critic is not None:
             self.critic.load(Path(path) / "critic")
         return self.trainer.step
+
+    def received_step(self) -> int:
+        """The last step whose rows the Actor holds in full (a restarted stage role skips it)."""
+        return self._received_step
 
     def weight_version(self) -> int:
         return self.trainer.step

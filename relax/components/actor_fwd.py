@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 
 import torch
 
@@ -55,7 +56,10 @@ class ActorFwdRole:
         torch.set_num_threads(cfg.trainer.threads)
         self.cfg = cfg
         self.reference = reference
-        self.task, self.column = ("reference", REF_LOG_PROBS) if reference else ("actor_fwd", LOG_PROBS)
+        task, self.column = ("reference", REF_LOG_PROBS) if reference else ("actor_fwd", LOG_PROBS)
+        # each replica is its own data-plane consumer: a restarted one takes again the rows its
+        # predecessor took but never finished (recomputed values are the same)
+        self.task = f"{task}-{uuid.uuid4().hex[:8]}"
         self.device = resolve_device(cfg.trainer.device)
         self.model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=DTYPES[cfg.model.dtype])
         self.model.to(self.device).eval().requires_grad_(False)

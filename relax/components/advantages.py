@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 
 import torch
 
@@ -71,6 +72,7 @@ class AdvantagesRole:
         self.plane = plane if plane is not None else connect_data_plane(cfg.resources.data_plane)
         self.inputs = ROLLOUT_COLUMNS + [LOG_PROBS] + ([REF_LOG_PROBS] if needs_reference(cfg) else [])
         self.step_metrics: dict[int, dict[str, float]] = {}
+        self.task = f"advantages-{uuid.uuid4().hex[:8]}"  # a restarted replica is a new consumer
         self._task: asyncio.Task | None = None
 
     async def process(self, step: int, timeout_s: float | None = None) -> None:
@@ -80,7 +82,7 @@ class AdvantagesRole:
         data = await self.plane.get(
             partition,
             self.inputs,
-            "advantages",
+            self.task,
             r.prompts_per_step * r.n_samples_per_prompt,
             timeout_s=timeout_s,
         )

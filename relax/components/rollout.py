@@ -23,6 +23,7 @@ from relax.engine.evaluator import Evaluator
 from relax.engine.rollout_loop import RolloutLoop
 from relax.engine.router import Router
 from relax.engine.step_producer import StepProducer
+from relax.ops.engine_recovery import EngineSupervisor
 from relax.orchestration.staleness import StalenessGate
 from relax.rewards import build_scorer
 
@@ -60,6 +61,11 @@ class RolloutRole:
             )
             urls = self.engine_group.urls
         self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
+        self.engine_supervisor = None  # health hook: replaces failed embedded engines (relax.ops)
+        if self.engine_group is not None:
+            self.engine_supervisor = EngineSupervisor(
+                self.engine_group, self.router, cfg.model.path, engine_kwargs, cfg.ops.heartbeat_interval_s
+            )
         self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))
         self.evaluator = Evaluator(cfg, self.loop)
         self.producer = StepProducer(cfg, self.loop, self.source)
@@ -205,6 +211,17 @@ class RolloutRole:
     def load(self, path: str) -> None:
         self.source.load_state_dict(json.loads(Path(path).read_text())["source"])
 
+    # -- health hook: engine replacement before a weight push (relax/ops/engine_recovery.py) ------
+    async def replace_dead_engines(self) -> dict:
+        """Replace failed engines; `urls` is the weight-sync group to form, `replaced` how many."""
+        if self.engine_supervisor is None:
+            return {"urls": self.router.urls(), "replaced": 0}
+        return await self.engine_supervisor.replace_dead()
+
+    def admit_engines(self) -> list[str]:
+        """Replacement engines that received the current weights start taking requests."""
+        return self.engine_supervisor.admit() if self.engine_supervisor is not None else []
+
     async def stop_engines(self) -> None:
         await self.stop()
         if self._elastic_server is not None:
@@ -213,6 +230,8 @@ class RolloutRole:
         if self.elastic is not None:
             await self.elastic.close()
             self.elastic = None
+        if self.engine_supervisor is not None:
+            self.engine_supervisor.stop()
         self.loop.close()
         await self.router.close()
         if self.engine_group is not None:

@@ -247,12 +247,44 @@ class ResourcesConfig(Section):
     object_store_mb: int = Field(1024, gt=0, description="Object store size of a locally started Ray.")
 
 
+class WandbConfig(Section):
+    project: str = Field("relax", description="W&B project.")
+    entity: str | None = Field(None, description="W&B entity (team or user; None = the default).")
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="offline writes `<run_dir>/wandb/offline-run-*` (sync later); online uploads."
+    )
+
+
+class ClearMLConfig(Section):
+    project: str = Field("relax", description="ClearML project.")
+    offline: bool = Field(True, description="Record the task locally (no server), uploadable later.")
+
+
 class OpsConfig(Section):
     checkpoint_interval: int = Field(50, ge=0, description="Save every N steps (0 = only at the end).")
     keep_checkpoints: int = Field(2, gt=0, description="Checkpoints kept on disk (oldest deleted).")
     tensorboard: bool = Field(True, description="Write TensorBoard event files into the run folder.")
     log_interval: int = Field(10, gt=0, description="Steps between one-line status logs.")
     progress: bool = Field(True, description="Show a live progress bar.")
+    # -- health and recovery (relax/orchestration/health.py, relax/orchestration/recovery.py) --
+    heartbeat_interval_s: float = Field(2.0, gt=0, description="Seconds between a service's heartbeats.")
+    heartbeat_timeout_s: float = Field(
+        60.0, gt=0, description="A service silent this many seconds is restarted (stateless) or fails the run."
+    )
+    max_role_restarts: int = Field(
+        3, ge=0, description="In-place restarts of one stateless role before a global restart is taken instead."
+    )
+    max_global_restarts: int = Field(
+        2, ge=0, description="Global restarts from the last checkpoint (Actor failure) before the run stops."
+    )
+    # -- metrics service and notifications (relax/components/metrics.py, relax/ops/) --
+    notify_urls: list[str] = Field(
+        default_factory=list,
+        description="Apprise URLs notified of run start, failures, restarts and the end (e.g. json://host/path).",
+    )
+    wandb: WandbConfig | None = Field(None, description="Log metrics to Weights & Biases (None = off).")
+    clearml: ClearMLConfig | None = Field(None, description="Log metrics to ClearML (None = off).")
+    trace: bool = Field(False, description="Write each step's phases as a Chrome trace (`trace.json`).")
 
 
 class EvalSetConfig(Section):

@@ -48,16 +48,21 @@ class EngineGroup:
         num_gpus: float = 0.0,
         gpu_group: str | None = None,
     ) -> None:
-        from relax.orchestration.gpus import bundle_options
-
-        self.actors = [
-            EngineActor.options(
-                num_cpus=num_cpus, num_gpus=num_gpus, **bundle_options(gpu_group if num_gpus else None, i)
-            ).remote(model_path, engine_kwargs)
-            for i in range(n)
-        ]
+        self.model_path, self.engine_kwargs = model_path, engine_kwargs
+        self.num_cpus, self.num_gpus, self.gpu_group = num_cpus, num_gpus, gpu_group
+        self.actors = [self.launch(i) for i in range(n)]
         self.urls: list[str] = ray.get([a.url.remote() for a in self.actors])
         logger.info("embedded engines up: %s", self.urls)
+
+    def launch(self, i: int) -> Any:
+        """A new actor for engine slot `i`, with the group's CPU/GPU share and GPU bundle (a replacement
+        sits where the engine it replaces sat)."""
+        from relax.orchestration.gpus import bundle_options
+
+        placement = bundle_options(self.gpu_group if self.num_gpus else None, i)
+        return EngineActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus, **placement).remote(
+            self.model_path, self.engine_kwargs
+        )
 
     def stop(self) -> None:
         for actor in self.actors:

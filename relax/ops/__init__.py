@@ -1,0 +1,1 @@
+"""Operations: notifications, heartbeats, engine replacement and step traces (DESIGN.md §6)."""

@@ -1,6 +1,8 @@
 """The streaming side of the Controller's loop (hybrid, fully_async): starting the roles that run ahead,
 the weight push that pauses or aborts generation around it, and waiting on the Actor while watching the
-background roles for failures. In colocate mode the same calls reduce to a plain weight push.
+background roles for failures (through the HealthManager, which may restart a stage role in place; the
+role then continues from the step in training). In colocate mode the same calls reduce to a plain
+weight push.
 
 Roles are Serve handles; this module only sequences calls, it computes nothing.
 """
@@ -8,9 +10,15 @@ Roles are Serve handles; this module only sequences calls, it computes nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from relax.orchestration.registry import STREAMING_MODES
+
+try:  # a replica that died mid-call; the HealthManager decides what that costs
+    from ray.exceptions import RayActorError as ReplicaGone
+except ImportError:  # pragma: no cover - Ray is a dependency
+    ReplicaGone = RuntimeError
 
 logger = logging.getLogger(__name__)
 
@@ -19,14 +27,18 @@ POLL_S = 2.0  # how often a wait on the Actor checks the background roles
 
 
 class StepFlow:
-    def __init__(self, mode: str, handles: dict[str, Any]) -> None:
+    def __init__(self, mode: str, handles: dict[str, Any], health: Any = None) -> None:
         self.streaming = mode in STREAMING_MODES
         self.rollout, self.actor = handles["rollout"], handles["actor"]
         self.stages = {n: handles[n] for n in STAGES if n in handles}
+        self.health = health  # HealthManager (None in unit tests)
+        self.redeploy: Callable[[str], Any] | None = None  # name -> new handle (set by the Controller)
+        self.training_step = 0  # the step whose update is awaited
         # Weight receivers beside the engines: ActorFwd joins the trainer's broadcast group like an engine.
         self.receivers: list[str] = []
         if "actor_fwd" in self.stages:
             self.receivers.append(self.stages["actor_fwd"].weight_url.remote().result())
+        self._regroup = False  # a receiver changed (ActorFwd restarted): re-form the group at the next push
 
     def start(self, first_step: int) -> None:
         """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
@@ -43,7 +55,11 @@ class StepFlow:
         self.rollout.begin_weight_update.remote().result()
         try:
             plan = self._apply_engine_changes()
-            version = self.actor.push_weights.remote().result()
+            if plan is None and self._regroup:
+                urls = self.rollout.engine_urls.remote().result()
+                self.actor.connect_engines.remote(urls + self.receivers).result()
+            self._regroup = False
+            version = self._push_to_live_engines()
             if plan is not None:
                 self.rollout.elastic_pushed.remote(version).result()
             if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
@@ -67,26 +83,70 @@ class StepFlow:
         self.rollout.elastic_group_formed.remote(plan).result()
         return plan
 
+    def _push_to_live_engines(self) -> int:
+        """The Actor's push; with a HealthManager, failed engines are replaced first, and a push that an
+        engine's death breaks is retried once on the re-formed group."""
+        if self.health is None:
+            return self.actor.push_weights.remote().result()
+        for attempt in (1, 2):
+            self.health.engines_before_push(self.rollout, self.actor, self.receivers)
+            try:
+                version = self.actor.push_weights.remote().result()
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
+                logger.exception("weight push failed; checking the engines and pushing again")
+        self.health.engines_after_push(self.rollout)
+        return version
+
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface."""
+        self.training_step = step
         response = self.actor.train.remote(step)
-        if not self.streaming:
-            return response.result()
         while True:
             try:
                 metrics = response.result(timeout_s=POLL_S)
                 break
             except TimeoutError:
                 self.check()
+        self.check()  # an Actor replaced while it trained answered from fresh state: not a result
         for handle in self.stages.values():
             metrics.update(handle.metrics.remote(step).result())
         return metrics
 
     def check(self) -> None:
-        """Raise the failure of any background role."""
+        """Let the HealthManager restart failed stage roles; raise the failure of any background role."""
+        if self.health is not None:
+            self.health.check(self.restart_stage)
+        if not self.streaming:
+            return
         self.rollout.check.remote().result()
         for handle in self.stages.values():
-            handle.metrics.remote(-1).result()
+            try:
+                handle.metrics.remote(-1).result()
+            except ReplicaGone:
+                if self.health is None:
+                    raise  # without a HealthManager nobody would restart it
+
+    def restart_stage(self, name: str) -> None:
+        """Redeploy role `name`; a stage role continues from the step in training (or the next one when
+        the Actor already holds that step's data). A new ActorFwd has a new weight receiver: it joins the
+        broadcast group at the next push; if it must first forward the step in training, the Actor (waiting
+        for that step's data, so not updating) hands it the current weights once, through Ray."""
+        handle = self.redeploy(name)
+        if name not in self.stages:
+            return
+        self.stages[name] = handle
+        step = self.training_step
+        first = step if self.actor.received_step.remote().result() < step else step + 1
+        if name == "actor_fwd":
+            self.receivers = [handle.weight_url.remote().result()]
+            self._regroup = True
+            if first == step:
+                handle.set_weights.remote(self.actor.state_dict.remote(), step - 1).result()
+        handle.start.remote(first).result()
+        logger.info("%s restarted; it continues from step %d", name, first)
 
     def stop(self) -> None:
         if not self.streaming:

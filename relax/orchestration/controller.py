@@ -2,6 +2,10 @@
 push weights -> log -> checkpoint. Roles are Ray Serve deployments reached through handles; no maths and
 no Ray fan-out live here. The modes differ only in where a step's rollout starts: here, on request
 (colocate), or ahead of training in the Rollout's background task (hybrid, fully_async; `StepFlow`).
+
+Failures: the HealthManager (`health.py`) restarts stateless roles and engines in place while the loop
+runs; a failure that loses training state ends the attempt and `recovery.run_with_restarts` starts
+another from the last checkpoint. Metrics go to the Metrics service; notifications through Apprise.
 """
 
 from __future__ import annotations
@@ -12,15 +16,21 @@ import signal
 import time
 from pathlib import Path
 
+from relax.components.metrics import MetricsRole
 from relax.config import RelaxConfig, dump_config
 from relax.distributed.data_plane import DataPlane, create_data_plane
+from relax.ops.notify import Notifier
+from relax.ops.trace import StepPhases
 from relax.orchestration import checkpoint as ckpt
 from relax.orchestration import gpus, service
 from relax.orchestration.async_loop import StepFlow
+from relax.orchestration.health import HealthManager
 from relax.orchestration.progress import Progress
-from relax.orchestration.registry import roles_for_mode
-from relax.utils.metrics import build_sinks
+from relax.orchestration.recovery import run_with_restarts
+from relax.orchestration.registry import RoleSpec, roles_for_mode
 from relax.utils.timer import timer
+
+SUMMARY = ("rollout/reward_mean", "train/loss", "health/role_restarts", "health/engine_restarts")
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +45,9 @@ class Controller:
         self.flow: StepFlow | None = None
         self.plane: DataPlane | None = None
         self._owns_ray = False
+        self.health: HealthManager | None = None
+        self.specs: dict[str, RoleSpec] = {}
+        self.last_metrics: dict[str, float] = {}
         self._gpu_group = None  # colocate on GPUs: the placement group engines and ranks share
 
     # -- life cycle --------------------------------------------------------------------------
@@ -50,85 +63,144 @@ class Controller:
                 "or choose another run.name / run.output_dir"
             )
         dump_config(self.cfg, self.run_dir / "config.yaml")
-        start_step = found[0] if found else 0
+        notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
+        notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.resources.mode)
+        self.health = HealthManager(self.cfg, notifier)
         old_handlers = self._install_signal_handlers()
         try:
-            self._start_roles()
+            step = run_with_restarts(
+                self._attempt,
+                resume=self.resume,
+                run_dir=self.run_dir,
+                max_restarts=self.cfg.ops.max_global_restarts,
+                notifier=notifier,
+            )
+        except BaseException as e:
+            notifier.failure("the run stopped", e)
+            raise
+        finally:
+            signal.signal(signal.SIGINT, old_handlers[0])
+            signal.signal(signal.SIGTERM, old_handlers[1])
+            service.shutdown(stop_ray=self._owns_ray)
+        notifier.run_ended(
+            step, {k: v for k, v in self.last_metrics.items() if k in SUMMARY or k.startswith("eval/")}
+        )
+        return step
+
+    def _attempt(self, resume: bool) -> int:
+        """Start every role, restore the last checkpoint when resuming, and train; roles stop at the end."""
+        found = ckpt.latest_checkpoint(self.run_dir) if resume else None
+        start_step = found[0] if found else 0
+        try:
+            self._start_roles(start_step if resume else None)
             if found:
                 self._restore(found[1])
             self.flow.push_weights(start_step)  # engines start from the trainer's weights and version
             self.flow.start(start_step + 1)
             return self._loop(start_step)
         finally:
-            signal.signal(signal.SIGINT, old_handlers[0])
-            signal.signal(signal.SIGTERM, old_handlers[1])
-            self._shutdown()
+            self._stop_roles()
 
-    def _start_roles(self) -> None:
+    def _start_roles(self, resume_step: int | None) -> None:
         r = self.cfg.resources
-        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
+        self._owns_ray = (
+            service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus) or self._owns_ray
+        )
         gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
         self._gpu_group = gpus.ensure_gpu_group(self.cfg, gpus.cluster_gpus())
         service.start_serve()
         self.plane = create_data_plane(r.data_plane)
-        for role in roles_for_mode(r.mode, self.cfg):
-            self.handles[role.name] = service.deploy_role(
-                role.name,
-                role.cls,
-                self.cfg,
-                num_cpus=role.num_cpus,
-                num_gpus=gpus.role_gpus(self.cfg, role.name),
-                **role.kwargs,
-            )
-        self.rollout, self.actor = self.handles["rollout"], self.handles["actor"]
-        self.flow = StepFlow(r.mode, self.handles)
+        specs = [
+            RoleSpec("metrics", MetricsRole, 0.25, {"resume_step": resume_step}),
+            *roles_for_mode(r.mode, self.cfg),
+        ]
+        self.specs = {spec.name: spec for spec in specs}
+        self.health.known.clear()
+        for name in self.specs:
+            self.handles[name] = self._deploy(name)
+        self.health.watch(list(self.specs))
+        self.rollout, self.actor, self.metrics = (
+            self.handles["rollout"],
+            self.handles["actor"],
+            self.handles["metrics"],
+        )
+        self.flow = StepFlow(r.mode, self.handles, self.health)
+        self.flow.redeploy = self._redeploy
         urls = self.rollout.engine_urls.remote().result()
         self.actor.connect_engines.remote(urls + self.flow.receivers).result()
 
-    def _shutdown(self) -> None:
+    def _deploy(self, name: str, **override):
+        spec = self.specs[name]
+        kwargs = {**spec.kwargs, **override}
+        hb = self.cfg.ops.heartbeat_interval_s
+        return service.deploy_role(
+            name,
+            spec.cls,
+            self.cfg,
+            num_cpus=spec.num_cpus,
+            num_gpus=gpus.role_gpus(self.cfg, name),
+            heartbeat_s=hb,
+            **kwargs,
+        )
+
+    def _redeploy(self, name: str):
+        """Restart role `name` in place (the HealthManager's call); a new Metrics replica appends."""
+        service.delete_role(name)
+        self.handles[name] = self._deploy(name, **({"resume_step": None} if name == "metrics" else {}))
+        if name == "metrics":
+            self.metrics = self.handles[name]
+        return self.handles[name]
+
+    def _stop_roles(self) -> None:
         if self.flow is not None:
             self.flow.stop()
-        try:
-            if "rollout" in self.handles:
-                self.handles["rollout"].stop_engines.remote().result(timeout_s=60)
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            logger.exception("rollout shutdown failed")
+        for name, call in (("rollout", "stop_engines"), ("metrics", "close")):
+            try:
+                if name in self.handles:
+                    getattr(self.handles[name], call).remote().result(timeout_s=60)
+            except Exception:  # noqa: BLE001 - best effort on the way out; the replica may be gone
+                logger.exception("%s: %s failed", name, call)
+        self.handles.clear()
         if self.plane is not None:
             asyncio.run(self.plane.close())
-        service.shutdown(stop_ray=self._owns_ray)
-        if self._gpu_group is not None and not self._owns_ray:
+            self.plane = None
+        service.shutdown(stop_ray=False)
+        if self._gpu_group is not None:
             from ray.util import remove_placement_group
 
             remove_placement_group(self._gpu_group)
+            self._gpu_group = None
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self, start_step: int) -> int:
         cfg = self.cfg
-        sinks = build_sinks(self.run_dir, cfg.ops.tensorboard, start_step if self.resume else None)
         progress = Progress(cfg.trainer.num_steps, start_step, enabled=cfg.ops.progress)
         step = start_step
         ev = cfg.eval
         try:
             if ev.sets and ev.before_train and step == 0:
-                sinks.log(0, self._evaluate(0))
+                self.metrics.flush.remote(0, self._evaluate(0)).result()
             while step < cfg.trainer.num_steps and not self.stop_requested:
-                times: dict[str, float] = {}
-                with timer("step_time", times):
-                    with timer("rollout", times):
+                self.flow.check()  # restarts failed stateless roles; a lost Actor ends the attempt
+                phases = StepPhases()
+                with phases.phase("step_time"):
+                    with phases.phase("rollout"):
                         if self.flow.streaming:  # started ahead, in the background, gated by staleness
                             rollout_metrics = self.rollout.metrics.remote(step + 1).result()
                         else:
                             rollout_metrics = self.rollout.generate.remote(step + 1).result()
-                    with timer("train", times):
+                    with phases.phase("train"):
                         train_metrics = self.flow.train(step + 1)
-                    with timer("weight_sync", times):
+                    with phases.phase("weight_sync"):
                         version = self.flow.push_weights(step + 1)
                 step += 1
-                metrics = {**rollout_metrics, **train_metrics, **times, "weight_version": version}
+                metrics = {**rollout_metrics, **train_metrics, **phases.times, "weight_version": version}
                 last = step == cfg.trainer.num_steps
                 if ev.sets and ((ev.interval and step % ev.interval == 0) or (last and ev.at_end)):
                     metrics.update(self._evaluate(step))
-                sinks.log(step, metrics)
+                metrics.update(self.health.metrics())
+                self.metrics.flush.remote(step, metrics, phases.spans).result()
+                self.last_metrics = metrics
                 progress.update(step, metrics, log=step % cfg.ops.log_interval == 0)
                 interval = cfg.ops.checkpoint_interval
                 if interval and step % interval == 0 and step < cfg.trainer.num_steps:
@@ -139,7 +211,6 @@ class Controller:
                 logger.info("stopped at step %d; resume with: relax train ... --resume", step)
         finally:
             progress.close()
-            sinks.close()
         return step
 
     def _evaluate(self, step: int) -> dict[str, float]:

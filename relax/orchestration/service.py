@@ -56,11 +56,17 @@ def deploy_role(
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     max_ongoing_requests: int = 16,
+    heartbeat_s: float | None = None,
     **kwargs: Any,
 ):
-    """Deploy `cls(*args, **kwargs)` as the Serve application `name` with one replica; return its handle."""
+    """Deploy `cls(*args, **kwargs)` as the Serve application `name` with one replica; return its handle.
+    With `heartbeat_s` the replica posts a heartbeat as `name` that often (`relax.ops.heartbeat`)."""
     from ray import serve
 
+    if heartbeat_s is not None:
+        from relax.ops.heartbeat import with_heartbeat
+
+        cls = with_heartbeat(cls, name, heartbeat_s)
     deployment = serve.deployment(
         cls,
         name=name,
@@ -74,6 +80,14 @@ def deploy_role(
     handle = serve.run(deployment.bind(*args, **kwargs), name=name, route_prefix=None)
     logger.info("role %s is up", name)
     return handle
+
+
+def delete_role(name: str) -> None:
+    """Remove the Serve application `name` (its replica is stopped)."""
+    from ray import serve
+
+    serve.delete(name)
+    logger.info("role %s removed", name)
 
 
 def shutdown(stop_ray: bool) -> None:

@@ -1,7 +1,8 @@
-"""Metrics sinks: a machine-readable JSONL file (always) and TensorBoard event files (optional).
+"""Metrics sinks: a machine-readable JSONL file (always), TensorBoard event files, Weights & Biases and
+ClearML (each optional; W&B and ClearML are imported only when configured).
 
-A sink accepts one step's flat `{name: float}` dict. To add a sink (W&B, ClearML, ...), implement
-`MetricsSink` and add it in `build_sinks`.
+A sink accepts one step's flat `{name: float}` dict. To add a sink, implement `MetricsSink` and add it in
+`build_sinks`. The sinks live in the metrics service (`relax.components.metrics`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from relax.config import RelaxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,72 @@ class TensorBoardSink:
         self.writer.close()
 
 
+def _scalars(metrics: dict[str, float]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+class WandbSink:
+    """One W&B run per training attempt; `mode=offline` writes `<run_dir>/wandb/offline-run-*` without a
+    network (upload later with `wandb sync`)."""
+
+    def __init__(
+        self, run_dir: Path, run_name: str, project: str, entity: str | None, mode: str, config: dict
+    ) -> None:
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("ops.wandb needs the wandb package: pip install 'relax[metrics]'") from e
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            name=run_name,
+            dir=str(run_dir),
+            mode=mode,
+            config=config,
+            reinit="create_new",
+            settings=wandb.Settings(console="off", x_disable_stats=True),
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(_scalars(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class ClearMLSink:
+    """A ClearML task; `offline=True` records it locally under ClearML's cache (upload later)."""
+
+    def __init__(self, run_name: str, project: str, offline: bool, config: dict) -> None:
+        try:
+            from clearml import Task
+        except ImportError as e:
+            raise ImportError("ops.clearml needs the clearml package: pip install clearml") from e
+        if offline:
+            Task.set_offline(offline_mode=True)
+        self.task = Task.init(
+            project_name=project,
+            task_name=run_name,
+            reuse_last_task_id=False,
+            auto_connect_frameworks=False,
+            auto_resource_monitoring=False,
+        )
+        self.task.connect(config)
+        self.logger = self.task.get_logger()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in _scalars(metrics).items():
+            title, _, series = k.partition("/")
+            self.logger.report_scalar(title, series or title, v, iteration=step)
+
+    def close(self) -> None:
+        self.task.close()
+
+
 class MetricsLogger:
     def __init__(self, sinks: list[MetricsSink]) -> None:
         self.sinks = sinks
@@ -85,8 +155,16 @@ class MetricsLogger:
             sink.close()
 
 
-def build_sinks(run_dir: Path, tensorboard: bool, resume_step: int | None) -> MetricsLogger:
+def build_sinks(cfg: RelaxConfig, resume_step: int | None) -> MetricsLogger:
+    """The sinks `cfg.ops` enables; `resume_step` (a resumed run) sets aside what came after it."""
+    run_dir, ops = cfg.run.run_dir, cfg.ops
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl", resume_step)]
-    if tensorboard:
+    if ops.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tensorboard", resume_step))
+    config = cfg.model_dump(mode="json")
+    if ops.wandb is not None:
+        w = ops.wandb
+        sinks.append(WandbSink(run_dir, cfg.run.name, w.project, w.entity, w.mode, config))
+    if ops.clearml is not None:
+        sinks.append(ClearMLSink(cfg.run.name, ops.clearml.project, ops.clearml.offline, config))
     return MetricsLogger(sinks)

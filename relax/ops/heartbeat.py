@@ -1,0 +1,104 @@
+"""Heartbeats: every service posts `(name, incarnation, pid)` to one board every
+`ops.heartbeat_interval_s`; the HealthManager (`relax.orchestration.health`) reads the board.
+
+* `HeartbeatBoard` is a named Ray actor (no CPU reserved). Ages are measured on the board's own clock,
+  so the clocks of other processes do not matter.
+* `Heartbeat` is the sender: a daemon thread inside the service's process. A new incarnation id per
+  process tells the reader that a replica was replaced (by Serve or by us) and lost its state.
+* `with_heartbeat(cls, name, interval_s)` makes a role class beat from its constructor on, so the role
+  classes stay plain (Serve deploys the subclass; tests use the classes directly).
+* Inference engines are not Serve roles: the Rollout's `EngineSupervisor` (`relax.ops.engine_recovery`)
+  checks each engine actor and posts `engine/<i>` beats for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BOARD_NAME, NAMESPACE = "relax_heartbeats", "relax"
+
+
+class HeartbeatBoard:
+    """name -> the last beat: incarnation, pid, board time, and what the sender says about itself."""
+
+    def __init__(self) -> None:
+        self.beats: dict[str, dict[str, Any]] = {}
+
+    def beat(self, name: str, incarnation: str, pid: int, info: dict | None = None) -> None:
+        self.beats[name] = {
+            "incarnation": incarnation,
+            "pid": pid,
+            "at": time.monotonic(),
+            "info": info or {},
+        }
+
+    def forget(self, name: str) -> None:
+        self.beats.pop(name, None)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Every sender's last beat with `age_s`: seconds since it, by this board's clock."""
+        now = time.monotonic()
+        return {n: {**b, "age_s": now - b["at"]} for n, b in self.beats.items()}
+
+
+def create_board() -> Any:
+    """The run's board (a named Ray actor); an existing one is reused."""
+    import ray
+
+    remote = ray.remote(num_cpus=0, max_concurrency=64)(HeartbeatBoard)
+    return remote.options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True).remote()
+
+
+def get_board() -> Any | None:
+    import ray
+
+    try:
+        return ray.get_actor(BOARD_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+class Heartbeat:
+    """Posts a beat for `name` every `interval_s` seconds from a daemon thread of this process."""
+
+    def __init__(self, name: str, interval_s: float) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.incarnation = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        board = None
+        while not self._stop.is_set():
+            try:
+                board = board or get_board()
+                if board is not None:
+                    board.beat.remote(self.name, self.incarnation, os.getpid())
+            except Exception:  # noqa: BLE001 - the board may be restarting; beat again next time
+                board = None
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def with_heartbeat(cls: type, name: str, interval_s: float) -> type:
+    """A subclass of role class `cls` whose instances beat as `name` once constructed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cls.__init__(self, *args, **kwargs)
+        self._heartbeat = Heartbeat(name, interval_s).start()
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})

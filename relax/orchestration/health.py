@@ -1,0 +1,142 @@
+"""The HealthManager: reads the services' heartbeats (`relax.ops.heartbeat`) and decides what a failure
+costs.
+
+* A **stateless** role (ActorFwd, Reference, Advantages, GenRM, Metrics) that died, was replaced behind
+  our back (a new incarnation: its state is gone) or went silent for `ops.heartbeat_timeout_s` is
+  restarted in place: its Serve application is deleted and deployed again, and `StepFlow` hands it the
+  step to continue from (and ActorFwd the last pushed weights). Rows it had taken but not finished are
+  taken again by the new replica, which is a new data-plane consumer; recomputed columns are identical.
+* The **Actor** and the **Rollout** hold state that only a checkpoint restores (weights and optimizer;
+  data position and staleness gate): their failure, or a stateless role failing more than
+  `ops.max_role_restarts` times, raises `GlobalRestart`, which `relax.orchestration.recovery` turns into a
+  restart of every role from the last checkpoint.
+* **Inference engines** are checked before every weight push (`engines_before_push`): the Rollout
+  replaces failed ones, the Actor re-forms its weight-sync group with the survivors and replacements, so a
+  push never waits on a dead engine; replacements take requests only after the push (`engines_after_push`).
+
+Counts of restarts are reported to the Metrics service as `health/*`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from relax.config import RelaxConfig
+from relax.ops.heartbeat import create_board
+from relax.ops.notify import Notifier
+
+logger = logging.getLogger(__name__)
+
+STATELESS = {"actor_fwd", "reference", "advantages", "genrm", "metrics"}
+WATCH_TIMEOUT_S = 120.0
+
+
+class GlobalRestart(RuntimeError):
+    """A failure that only a restart of every role from the last checkpoint repairs."""
+
+    def __init__(self, role: str, reason: str) -> None:
+        super().__init__(f"role {role!r}: {reason}")
+        self.role, self.reason = role, reason
+
+
+class HealthManager:
+    def __init__(self, cfg: RelaxConfig, notifier: Notifier) -> None:
+        self.ops = cfg.ops
+        self.notifier = notifier
+        self.board = create_board()
+        self.known: dict[str, str] = {}  # role -> incarnation of the replica we initialised
+        self.role_restarts: dict[str, int] = {}
+        self.engine_restarts = 0
+
+    def _snapshot(self) -> dict[str, dict[str, Any]]:
+        import ray
+
+        return ray.get(self.board.snapshot.remote(), timeout=60)
+
+    def watch(
+        self, names: list[str], timeout_s: float = WATCH_TIMEOUT_S, *, replacing: str | None = None
+    ) -> None:
+        """Wait until each role in `names` has beaten (for `replacing`: with a new incarnation); from
+        now on a change of incarnation or silence is a failure."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            snap = self._snapshot()
+            ready = {
+                n: snap[n]["incarnation"]
+                for n in names
+                if n in snap and (n != replacing or snap[n]["incarnation"] != self.known.get(n))
+            }
+            if len(ready) == len(names):
+                self.known.update(ready)
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(names) - set(ready))
+                raise GlobalRestart(
+                    missing[0], f"no heartbeat within {timeout_s:.0f}s of its start ({missing})"
+                )
+            time.sleep(0.2)
+
+    def failures(self) -> dict[str, str]:
+        """role -> what is wrong with it, for every watched role that is not well."""
+        snap = self._snapshot()
+        bad = {}
+        for name, incarnation in self.known.items():
+            beat = snap.get(name)
+            if beat is None:
+                bad[name] = "its heartbeat is gone"
+            elif beat["incarnation"] != incarnation:
+                bad[name] = "its replica was replaced and lost its state"
+            elif beat["age_s"] > self.ops.heartbeat_timeout_s:
+                bad[name] = (
+                    f"silent for {beat['age_s']:.0f}s (ops.heartbeat_timeout_s={self.ops.heartbeat_timeout_s:g})"
+                )
+        return bad
+
+    def check(self, restart_in_place: Callable[[str], None]) -> None:
+        """Restart failed stateless roles with `restart_in_place(name)`; raise `GlobalRestart` for the rest."""
+        for name, reason in self.failures().items():
+            if name not in STATELESS:
+                raise GlobalRestart(name, reason)
+            count = self.role_restarts.get(name, 0) + 1
+            if count > self.ops.max_role_restarts:
+                raise GlobalRestart(
+                    name,
+                    f"{reason}; failed {count} times (ops.max_role_restarts={self.ops.max_role_restarts})",
+                )
+            self.role_restarts[name] = count
+            logger.warning(
+                "role %s failed: %s; restarting it in place (%d of %d)",
+                name,
+                reason,
+                count,
+                self.ops.max_role_restarts,
+            )
+            self.notifier.restart(
+                name, f"{reason}; restarting it in place ({count} of {self.ops.max_role_restarts})"
+            )
+            restart_in_place(name)
+            self.watch([name], replacing=name)
+
+    # -- engines -----------------------------------------------------------------------------
+    def engines_before_push(self, rollout: Any, actor: Any, receivers: list[str] | None = None) -> None:
+        """Replace failed engines and re-form the weight-sync group (engines plus other weight `receivers`,
+        such as ActorFwd), so the push reaches only live ones."""
+        info = rollout.replace_dead_engines.remote().result()
+        if info["replaced"]:
+            self.engine_restarts += info["replaced"]
+            self.notifier.restart(
+                "engine", f"{info['replaced']} inference engine(s) replaced; engines now {info['urls']}"
+            )
+            actor.connect_engines.remote(info["urls"] + list(receivers or [])).result()
+
+    def engines_after_push(self, rollout: Any) -> None:
+        rollout.admit_engines.remote().result()
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "health/role_restarts": float(sum(self.role_restarts.values())),
+            "health/engine_restarts": float(self.engine_restarts),
+        }
