@@ -68,3 +68,28 @@ class ForcedToolEnv(ToolEnv):
 
 def make_forced(**kw) -> ForcedToolEnv:
     return ForcedToolEnv(**kw)
+
+
+class ImageToolEnv:
+    """A tool that shows a picture: every turn is answered with a tool message carrying one image."""
+
+    tools: list = []
+
+    def __init__(self, timeout_s: float = 1.0, colours: tuple[str, ...] = ("red", "blue")) -> None:
+        self.colours = colours
+
+    async def reset(self, sample):
+        return []
+
+    async def step(self, turn: ModelTurn) -> StepResult:
+        from PIL import Image
+
+        img = Image.new("RGB", (56, 56), self.colours[turn.index % len(self.colours)])
+        return StepResult([Message("tool", "Here is the picture:", images=[img])])
+
+    async def close(self) -> None:
+        return None
+
+
+def make_image_tool(**kw) -> ImageToolEnv:
+    return ImageToolEnv(**kw)
