@@ -32,7 +32,11 @@ def test_calc_reward_tiers():
     opened = _sample("296", [{"text": "<tool_call>zz", "tool_calls": [{**call, "error": "x"}]}])
     assert calc_reward(opened)["reward"] == pytest.approx(0.1)
     wrong_value = [{"text": "", "tool_calls": [call], "results": [{"ok": True, "text": "12", "error": ""}]}]
-    assert calc_reward(_sample("296", [*wrong_value, {"text": "7"}]))["reward"] == pytest.approx(0.2)
+    assert calc_reward(_sample("296", [*wrong_value, {"text": "7"}]))["reward"] == pytest.approx(0.3)
+    failed = [
+        {"text": "", "tool_calls": [call], "results": [{"ok": False, "text": "Error", "error": "exception"}]}
+    ]
+    assert calc_reward(_sample("296", failed))["reward"] == pytest.approx(0.2)  # well formed, did not run
     right = [{"text": "", "tool_calls": [call], "results": [{"ok": True, "text": "296", "error": ""}]}]
     assert calc_reward(_sample("296", [*right, {"text": "29"}]))["reward"] == pytest.approx(0.5)
     r = calc_reward(_sample("296", [*right, {"text": "296<|im_end|>"}]))

@@ -10,8 +10,9 @@ An episode of two turns (compact call form, see `relax.agentic.parser`)::
 
 JSON calls (`<tool_call>{"name": "calc", "arguments": {"expr": "37*8"}}</tool_call>`) work the same.
 The reward (`calc_reward`) is 1 for a correct final answer, and else a shaped format credit that lets a
-model trained from random initialisation discover the tool: 0.1 for opening a tool call, 0.1 more for a
-call that runs, 0.3 more for a call whose result is the answer. Data: `relax data calc`.
+model trained from random initialisation discover the tool, one step at a time: 0.1 for opening a tool
+call, 0.1 more when it is well formed (closed, parsed), 0.1 more when it runs, 0.2 more when its result
+is the answer. Data: `relax data calc`.
 """
 
 from __future__ import annotations
@@ -106,20 +107,23 @@ def final_answer(sample: Sample) -> str | None:
 
 
 def calc_reward(sample: Sample, **_: Any) -> dict[str, float]:
-    """1 for the right final answer; else 0.1 (a call opened) + 0.1 (it ran) + 0.3 (its result is right)."""
+    """1 for the right final answer; else 0.1 (a call opened) + 0.1 (well formed) + 0.1 (it ran) + 0.2 (its
+    result is the answer)."""
     label = str(sample.label).strip()
     calls = [c for t in sample.turns for c in t.get("tool_calls", [])]
     results = [r for t in sample.turns for r in t.get("results", [])]
     opened = bool(calls) or "<tool_call>" in sample.response_text
+    formed = any(not c.get("error") for c in calls)
     ran = any(r["ok"] for r in results)
     right_value = any(r["ok"] and r["text"].strip() == label for r in results)
     answer = final_answer(sample)
     correct = answer is not None and answer == label
-    shaped = 0.1 * opened + 0.1 * ran + 0.3 * right_value
+    shaped = 0.1 * opened + 0.1 * formed + 0.1 * ran + 0.2 * right_value
     return {
         "reward": 1.0 if correct else shaped,
         "answer_correct": float(correct),
         "tool_opened": float(opened),
+        "tool_well_formed": float(formed),
         "tool_ran": float(ran),
         "tool_right_value": float(right_value),
     }
