@@ -10,6 +10,7 @@ session, addressed by the base URL `http://127.0.0.1:PORT/s/<session_id>/v1` (or
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -46,6 +47,7 @@ class OpenAIServer:
         self.app = self._build_app()
         self._server: _Server | None = None
         self._task: Any = None
+        self._starting: Any = None  # asyncio.Lock, made on the loop that starts the server
         self.port = 0
 
     @property
@@ -64,10 +66,14 @@ class OpenAIServer:
 
     async def start(self, timeout_s: float = 30.0) -> str:
         """Serve on a free port of 127.0.0.1 on the running event loop; returns the URL."""
-        import asyncio
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:  # concurrent first callers start one server
+            if self._server is None:
+                await self._serve(timeout_s)
+        return self.url
 
-        if self._server is not None:
-            return self.url
+    async def _serve(self, timeout_s: float) -> None:
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve())
@@ -80,7 +86,6 @@ class OpenAIServer:
             await asyncio.sleep(0.01)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
         logger.info("OpenAI-compatible endpoint on %s", self.url)
-        return self.url
 
     def should_stop(self) -> None:
         """Ask the server to stop (it ends with its event loop's next iterations)."""

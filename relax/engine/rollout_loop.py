@@ -165,7 +165,7 @@ class RolloutLoop:
 def rollout_metrics(samples: list[Sample], step: int) -> dict[str, float]:
     rewards = [float(s.reward or 0.0) for s in samples]
     lengths = [s.response_length for s in samples]
-    versions = [s.weight_version for s in samples]
+    versions = [s.weight_version for s in samples if s.weight_version >= 0] or [step - 1]
     return {
         "rollout/reward_mean": statistics.fmean(rewards),
         "rollout/reward_std": statistics.pstdev(rewards),

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from agentic_helpers import agent_config, run
 
 from relax.data.dataset import PromptRow
@@ -99,6 +100,22 @@ def test_rewritten_history_starts_a_branch(engine_server, tokenizer, tiny_model_
         assert [t["call"] for t in s.turns] == [0, 3]
         assert s.response_text == (seen[-1].get("content") or "")
     assert impl.dropped_branches == 2  # the original three-call branch of each sample
+
+
+@pytest.mark.parametrize(
+    ("code", "timeout", "termination"),
+    [("import sys; sys.exit(3)", 60, "agent_failed"), ("import time; time.sleep(30)", 1, "agent_timeout")],
+)
+def test_failing_or_hanging_agent_gives_an_untrained_sample(
+    engine_server, tokenizer, tiny_model_dir, code, timeout, termination
+):
+    cfg = agent_config(
+        tiny_model_dir, kind="external", command=[sys.executable, "-c", code], agent_timeout_s=timeout
+    )
+    samples, _ = run(_external(cfg, tokenizer, engine_server.url))
+    for s in samples:
+        assert s.termination == termination and s.status.value == "failed"
+        assert s.loss_mask == [0] * s.response_length and s.response_length == 1
 
 
 def shares(samples):
