@@ -133,7 +133,9 @@ class MultiTurnRollout:
         ids: list[int] = []
         lps: list[float] = []
         finish = "abort"
+        aborts = -1  # weight updates that interrupted this turn (InflightRequests caps them)
         while finish == "abort" and len(ids) < cap:
+            aborts += 1
             turn_params = {
                 **params,
                 "n": 1,
@@ -141,7 +143,7 @@ class MultiTurnRollout:
                 "stop_token_ids": self.stop_token_ids,
             }
             (out,) = await self.inflight.generate(
-                sample.tokens + ids, turn_params, multimodal_inputs=sample.multimodal_inputs
+                sample.tokens + ids, turn_params, aborts=aborts, multimodal_inputs=sample.multimodal_inputs
             )
             ids += list(out.output_ids)
             lps += list(out.output_log_probs)
