@@ -79,7 +79,7 @@ class ActorRole:
         advantages (and the columns they came from); otherwise stream the rows in sub-batches of whole
         groups, computing old/ref log-probs on each as it arrives, then advantages in process."""
         r = self.cfg.rollout
-        total = r.prompts_per_step * r.n_samples_per_prompt
+        total = r.rows_per_step
         partition = partition_name(step)
         times: dict[str, float] = {}
         with timer("wait_data", times):

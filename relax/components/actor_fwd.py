@@ -103,7 +103,7 @@ class ActorFwdRole:
             async with self._weights_changed:
                 await self._weights_changed.wait_for(lambda: self.trained_through >= step - 1)
         r = self.cfg.rollout
-        total = r.prompts_per_step * r.n_samples_per_prompt
+        total = r.rows_per_step
         chunk = r.n_samples_per_prompt * max(1, r.prompts_per_step // 4)  # sub-batch of whole groups
         partition = partition_name(step)
         done = 0

@@ -83,7 +83,7 @@ class AdvantagesRole:
             partition,
             self.inputs,
             self.task,
-            r.prompts_per_step * r.n_samples_per_prompt,
+            r.rows_per_step,
             timeout_s=timeout_s,
         )
         batch = batch_from_columns(data.columns)

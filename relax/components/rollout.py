@@ -16,7 +16,7 @@ from pathlib import Path
 
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptSource, load_prompt_files
-from relax.data.rows import sample_to_row
+from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
 from relax.distributed.data_plane import DataPlane, connect_data_plane, partition_name
 from relax.engine.evaluator import Evaluator
@@ -142,7 +142,8 @@ class RolloutRole:
         partition = partition_name(step)
 
         async def sink(group: list[Sample]) -> None:
-            await self.plane.put_rows(partition, [sample_to_row(s) for s in group])
+            contexts = self.cfg.rollout.agent.contexts_per_sample
+            await self.plane.put_rows(partition, samples_to_rows(group, contexts))
 
         metrics = await self.producer.produce(step, sink)
         self._metrics[step] = metrics

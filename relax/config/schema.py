@@ -7,7 +7,7 @@ Every field has a one-line description (shown by `relax train --help-config`). U
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -93,6 +93,66 @@ class ElasticConfig(Section):
     max_engines: int = Field(16, gt=0, description="Scale-out refuses to go past this many engines.")
 
 
+class AgentConfig(Section):
+    """Agentic rollouts (relax/agentic): how one sample's trajectory is produced."""
+
+    kind: Literal["single_turn", "multi_turn", "external"] = Field(
+        "single_turn",
+        description="`single_turn`: one response per sample; `multi_turn`: model turns alternate with an "
+        "environment's observations (`env`); `external`: an agent program (`command`) drives an OpenAI "
+        "endpoint per sample and its calls become the trajectory.",
+    )
+    env: str = Field(
+        "tools",
+        description="multi_turn: a built-in environment name (tools, calculator, search) or an import path "
+        "`package.module:factory` (called with `env_kwargs`, returns a relax.agentic.env.Environment).",
+    )
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the env factory.")
+    max_turns: int = Field(4, gt=0, description="Model turns per trajectory; the episode ends after the last.")
+    max_total_tokens: int = Field(
+        256, gt=0, description="Token budget of the whole response (model and environment tokens)."
+    )
+    max_turn_tokens: int | None = Field(
+        None, gt=0, description="Cap on one model turn in tokens (None = rollout.max_new_tokens)."
+    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="A tool call running longer becomes an error observation.")
+    end_on_truncated_turn: bool = Field(
+        True, description="A model turn cut at its token cap ends the episode (else the environment answers it)."
+    )
+    stop_at_tool_call: bool = Field(
+        True, description="End a model turn at `</tool_call>` (the tool runs while the engine is free)."
+    )
+    tools_in_prompt: bool = Field(
+        True, description="List the environment's tools in the system turn (with data.apply_chat_template)."
+    )
+    command: list[str] = Field(
+        default_factory=list,
+        description="external: the agent program and its arguments; it gets RELAX_BASE_URL, RELAX_SESSION_ID "
+        "and RELAX_SAMPLE_FILE in its environment (and `{base_url}`/`{session_id}` in arguments are filled).",
+    )
+    agent_timeout_s: float = Field(300.0, gt=0, description="external: the agent process is killed after this.")
+    max_concurrent_agents: int = Field(16, gt=0, description="external: agent processes running at once.")
+    contexts_per_sample: int = Field(
+        1, gt=0, description="Training rows per sample (multi-agent: one per context, e.g. planner and worker)."
+    )
+    advantage_fn: str | None = Field(
+        None,
+        description="Multi-agent: `package.module:fn(samples) -> [[float per context] per sample]`, the value "
+        "each context's row gets as its reward (see relax/agentic/multi_agent.py).",
+    )
+
+    @model_validator(mode="after")
+    def _needs(self) -> AgentConfig:
+        if self.kind == "external" and not self.command:
+            raise ValueError("rollout.agent.kind=external needs rollout.agent.command=[program, args...]")
+        if self.contexts_per_sample > 1 and self.advantage_fn is None:
+            raise ValueError(
+                "rollout.agent.contexts_per_sample > 1 needs rollout.agent.advantage_fn=package.module:fn "
+                "(how a sample's reward is shared among its contexts)"
+            )
+        return self
+
+
 class RolloutConfig(Section):
     prompts_per_step: int = Field(16, gt=0, description="Prompts drawn per training step.")
     n_samples_per_prompt: int = Field(8, gt=0, description="Responses sampled per prompt (GRPO group).")
@@ -123,6 +183,14 @@ class RolloutConfig(Section):
         False, description="Partial rollout: loss mask 0 on tokens generated before the last abort."
     )
     elastic: ElasticConfig = Field(default_factory=ElasticConfig, description="Elastic rollout REST API.")
+
+
+    agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn and agentic rollouts.")
+
+    @property
+    def rows_per_step(self) -> int:
+        """Training rows of one step: prompts x samples x contexts per sample."""
+        return self.prompts_per_step * self.n_samples_per_prompt * self.agent.contexts_per_sample
 
     @model_validator(mode="after")
     def _external_needs_urls(self) -> RolloutConfig:

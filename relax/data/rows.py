@@ -34,6 +34,26 @@ def sample_to_row(s: Sample) -> dict[str, Any]:
     }
 
 
+def samples_to_rows(samples: list[Sample], contexts_per_sample: int = 1) -> list[dict[str, Any]]:
+    """Rows of scored samples: one per sample, or with multi-agent contexts one per context
+    (`[s, *s.contexts]`), context k of group g getting row group id `g * contexts_per_sample + k`."""
+    if contexts_per_sample == 1:
+        return [sample_to_row(s) for s in samples]
+    rows = []
+    for s in samples:
+        contexts = [s, *s.contexts]
+        if len(contexts) != contexts_per_sample:
+            raise ValueError(
+                f"sample {s.index}/{s.sample_id} has {len(contexts)} contexts, but "
+                f"rollout.agent.contexts_per_sample={contexts_per_sample}"
+            )
+        for k, ctx in enumerate(contexts):
+            row = sample_to_row(ctx)
+            row["group_id"] = s.group_id * contexts_per_sample + k
+            rows.append(row)
+    return rows
+
+
 def _tensors(values: list[Any] | None) -> list[torch.Tensor] | None:
     if values is None:
         return None

@@ -39,6 +39,12 @@ class Sample:
     rollout_log_probs: list[float] = field(default_factory=list)  # behaviour log-probs from the engine, [R]
     status: SampleStatus = SampleStatus.PENDING
     weight_versions: list[int] = field(default_factory=list)  # weight version(s) the tokens came from
+    # -- from agentic rollouts (relax.agentic; empty for single-turn samples) --
+    # One record per model turn: its token span in response_ids ("start", "end"), the environment tokens
+    # after it ("obs_start", "obs_end"), its text, tool calls and their results.
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    termination: str = ""  # why the episode ended: env_done | max_turns | token_budget | turn_truncated | ...
+    contexts: list[Sample] = field(default_factory=list)  # multi-agent: further contexts, one row each
     # -- from the reward --
     reward: float | None = None  # scalar reward used by the algorithm
     reward_info: dict[str, float] = field(default_factory=dict)  # extra reward metrics (logged, not trained)

@@ -9,6 +9,7 @@ import logging
 import statistics
 from typing import Any
 
+from relax.agentic.rollout_metrics import agent_metrics
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow, tokenize_prompt
 from relax.data.sample import Sample, SampleStatus
@@ -42,6 +43,11 @@ class RolloutLoop:
                 if t is not None
             }
         )
+        self.agent: Any = None  # multi-turn / external agents (relax.agentic), by rollout.agent.kind
+        if r.agent.kind != "single_turn":
+            from relax.agentic.rollout import AgentRollout
+
+            self.agent = AgentRollout(cfg, tokenizer, self.inflight, self.stop_token_ids)
 
     def sampling_params(self) -> dict[str, Any]:
         r = self.cfg.rollout
@@ -90,8 +96,18 @@ class RolloutLoop:
         if self._media is not None:
             self._media.close()
             self._media = None
+        if self.agent is not None and getattr(self.agent.impl, "server", None) is not None:
+            self.agent.impl.server.should_stop()
+
+    def after_scoring(self, samples: list[Sample]) -> None:
+        """Multi-agent credit assignment of scored samples (a no-op for single-turn rollouts)."""
+        if self.agent is not None:
+            self.agent.after_scoring(samples)
 
     async def _generate_group(self, row: PromptRow, group_id: int, params: dict[str, Any]) -> list[Sample]:
+        if self.agent is not None:
+            media = await self.prompt_inputs(row) if row.media else None
+            return await self.agent.generate_group(row, group_id, params, media)
         prompt_ids, media = await self.prompt_inputs(row)
         cap = row.metadata.get("max_new_tokens")  # optional per-row response cap (<= the config's)
         if cap is not None:
@@ -134,7 +150,9 @@ class RolloutLoop:
         for s in samples:
             if not s.response_text and s.response_ids:
                 s.response_text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        return samples, (await scorer.score(samples)).as_metrics()
+        metrics = (await scorer.score(samples)).as_metrics()
+        self.after_scoring(samples)
+        return samples, metrics
 
     async def run(self, rows: list[PromptRow], step: int) -> tuple[list[Sample], dict[str, float]]:
         """One training step's rollout."""
@@ -147,7 +165,7 @@ class RolloutLoop:
 def rollout_metrics(samples: list[Sample], step: int) -> dict[str, float]:
     rewards = [float(s.reward or 0.0) for s in samples]
     lengths = [s.response_length for s in samples]
-    versions = [s.weight_version for s in samples]
+    versions = [s.weight_version for s in samples if s.weight_version >= 0] or [step - 1]
     return {
         "rollout/reward_mean": statistics.fmean(rewards),
         "rollout/reward_std": statistics.pstdev(rewards),
@@ -158,4 +176,5 @@ def rollout_metrics(samples: list[Sample], step: int) -> dict[str, float]:
         "rollout/num_samples": float(len(samples)),
         # staleness: how many updates the trainer is ahead of the weights that generated a sample
         "rollout/staleness_max": float(max(step - 1 - v for v in versions)),
+        **agent_metrics(samples),
     }

@@ -46,6 +46,7 @@ class StepProducer:
             if not s.response_text and s.response_ids:
                 s.response_text = self.loop.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         self._stats.append(await self.loop.scorer.score(samples))
+        self.loop.after_scoring(samples)
         return samples
 
     async def produce(self, step: int, sink: GroupSink) -> dict[str, float]:

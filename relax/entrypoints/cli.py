@@ -100,6 +100,18 @@ def cmd_data(args: argparse.Namespace) -> int:
         path = gen(args.out, n=args.n, seed=args.seed, inline=args.inline)
         print(f"wrote {args.n} {args.task} prompts to {path}")
         return 0
+    if args.task == "calc":
+        from relax.agentic.tasks.calculator import generate_calc
+
+        path = generate_calc(args.out, n=args.n, seed=args.seed, messages=args.messages)
+        print(f"wrote {args.n} calculator-tool prompts to {path}")
+        return 0
+    if args.task == "search":
+        from relax.agentic.tasks.search import generate_search
+
+        prompts, docs = generate_search(args.out, n=args.n, seed=args.seed, messages=args.messages)
+        print(f"wrote {args.n} search prompts to {prompts} and the document index to {docs}")
+        return 0
     path = generate_arith(args.out, n=args.n, max_digit=args.max_digit, seed=args.seed)
     print(f"wrote {args.n} arithmetic prompts to {path}")
     return 0
@@ -147,13 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("data", help="generate a toy prompt data set")
     d.add_argument(
-        "task", choices=["arith", "colors", "tones"], help="toy task (colors: images, tones: audio)"
+        "task",
+        choices=["arith", "colors", "tones", "calc", "search"],
+        help="toy task (colors: images, tones: audio, calc/search: tool use with rollout.agent)",
     )
     d.add_argument("--out", required=True, help="output .jsonl or .parquet file")
     d.add_argument("--n", type=int, default=1000, help="rows")
     d.add_argument("--max-digit", type=int, default=4, help="largest operand")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--inline", action="store_true", help="colors/tones: embed media as base64 in the rows")
+    d.add_argument(
+        "--messages", action="store_true", help="calc/search: chat prompts that show the JSON tool call"
+    )
     d.set_defaults(fn=cmd_data)
 
     doc = sub.add_parser("doctor", help="what is installed, which engines/backends work, what Ray sees")

@@ -1,0 +1,8 @@
+"""Agentic RL: multi-turn rollouts against environments and tools, an OpenAI-compatible endpoint for
+external agent programs, and multi-agent samples (several contexts, several training rows).
+
+Modules: `tools` (Tool, call_tool), `parser` (tool calls in a turn), `env` (the Environment interface,
+ToolEnv), `turns` (turns as tokens), `multi_turn` (the episode loop), `session` + `trajectory` (chat
+calls and their reconstruction), `openai_server`, `external` (agent subprocesses), `multi_agent`,
+`rollout` (what the rollout loop dispatches to), `tasks/` (calculator, search).
+"""
