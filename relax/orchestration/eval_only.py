@@ -48,6 +48,7 @@ def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
     try:
         from relax.orchestration.gpus import cluster_gpus
 
+        cfg.rollout.elastic.enabled = False  # no weight pushes here: a scale-out could never sync weights
         if cfg.resources.engine_gpus is None:  # no trainer here: each engine takes a whole GPU
             cfg.resources.engine_gpus = 1.0 if cluster_gpus() and cfg.trainer.device != "cpu" else 0.0
         service.start_serve()
