@@ -65,6 +65,8 @@ class Controller:
         dump_config(self.cfg, self.run_dir / "config.yaml")
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
         notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.resources.mode)
+        r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
+        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
         self.health = HealthManager(self.cfg, notifier)
         old_handlers = self._install_signal_handlers()
         try:
