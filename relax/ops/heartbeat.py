@@ -49,11 +49,25 @@ class HeartbeatBoard:
 
 
 def create_board() -> Any:
-    """The run's board (a named Ray actor); an existing one is reused."""
+    """A fresh board for this run (a named Ray actor). A board left by an earlier run in this cluster is
+    killed first: reusing it would hand out a handle to an actor that dies with its old owner."""
     import ray
 
+    close_board()
     remote = ray.remote(num_cpus=0, max_concurrency=64)(HeartbeatBoard)
-    return remote.options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True).remote()
+    return remote.options(name=BOARD_NAME, namespace=NAMESPACE).remote()
+
+
+def close_board(timeout_s: float = 30.0) -> None:
+    """Kill the board, if any, and wait until its name is free."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while (board := get_board()) is not None:
+        ray.kill(board, no_restart=True)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"heartbeat board {BOARD_NAME!r} did not go away within {timeout_s:.0f}s")
+        time.sleep(0.1)
 
 
 def get_board() -> Any | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from relax.components.metrics import MetricsRole
 from relax.config import RelaxConfig, dump_config
 from relax.distributed.data_plane import DataPlane, create_data_plane
+from relax.ops.heartbeat import close_board
 from relax.ops.notify import Notifier
 from relax.ops.trace import StepPhases
 from relax.orchestration import checkpoint as ckpt
@@ -83,6 +84,10 @@ class Controller:
         finally:
             signal.signal(signal.SIGINT, old_handlers[0])
             signal.signal(signal.SIGTERM, old_handlers[1])
+            try:
+                close_board()  # the next run in this cluster starts a fresh one
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                logger.exception("closing the heartbeat board failed")
             service.shutdown(stop_ray=self._owns_ray)
         notifier.run_ended(
             step, {k: v for k, v in self.last_metrics.items() if k in SUMMARY or k.startswith("eval/")}

@@ -14,6 +14,7 @@ from relax.rewards.registry import check_kwargs
 
 FNS = "rewards_custom_fns"
 BUILTINS = {
+    "token_rate",
     "math",
     "multiple_choice",
     "exact_match",
