@@ -69,7 +69,13 @@ class ActorRole:
                 cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps
             )
             self.value_loss_fn = make_value_loss(cfg.algorithm)
-        self.publisher = WeightPublisher(backend=cfg.trainer.weight_sync_backend)
+        t = cfg.trainer
+        self.publisher = WeightPublisher(
+            t.publish_bucket_mb << 20,
+            backend=t.weight_sync_backend,
+            flatten=t.weight_sync_flatten is not False,
+            ipc=t.weight_sync_ipc,
+        )
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
 

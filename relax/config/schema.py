@@ -41,21 +41,29 @@ class MediaConfig(Section):
 
     image_key: str = Field("images", description="Row field listing the images of the <image> placeholders.")
     video_key: str = Field("videos", description="Row field listing the videos of the <video> placeholders.")
-    audio_key: str = Field("audios", description="Row field listing the audio clips of the <audio> placeholders.")
+    audio_key: str = Field(
+        "audios", description="Row field listing the audio clips of the <audio> placeholders."
+    )
     processor: Literal["direct", "full", "auto"] = Field(
         "direct",
         description="`direct`: the image processor and feature extractor, placeholders expanded by Relax (no "
         "torchvision needed); `full`: the model's processor class; `auto`: full if it loads, else direct.",
     )
     workers: int = Field(
-        2, ge=0, description="Worker processes that load and process media (0 = a thread of the rollout role)."
+        2,
+        ge=0,
+        description="Worker processes that load and process media (0 = a thread of the rollout role).",
     )
-    image_min_pixels: int | None = Field(None, gt=0, description="Resize floor in pixels (None = the model's).")
+    image_min_pixels: int | None = Field(
+        None, gt=0, description="Resize floor in pixels (None = the model's)."
+    )
     image_max_pixels: int | None = Field(None, gt=0, description="Resize cap in pixels (None = the model's).")
     video_fps: float = Field(2.0, gt=0, description="Frames per second sampled from a video.")
     video_max_frames: int = Field(16, gt=0, description="Cap on sampled frames per video (evenly spread).")
     video_max_tokens: int = Field(
-        256, gt=0, description="Token budget per video; frames are shrunk to fit it (at least 1 token/frame pair)."
+        256,
+        gt=0,
+        description="Token budget per video; frames are shrunk to fit it (at least 1 token/frame pair).",
     )
     audio_max_seconds: float = Field(30.0, gt=0, le=30.0, description="Longer audio clips are an error.")
     cache_rows: int = Field(256, ge=0, description="Processed rows kept in memory for reuse (LRU).")
@@ -83,12 +91,16 @@ class ElasticConfig(Section):
 
     enabled: bool = Field(True, description="Serve the elastic API (scale out/in, engines, operations).")
     host: str = Field("127.0.0.1", description="Address the API listens on (loopback unless you need more).")
-    port: int = Field(0, ge=0, le=65535, description="API port (0 = a free port); the URL goes to endpoints.json.")
+    port: int = Field(
+        0, ge=0, le=65535, description="API port (0 = a free port); the URL goes to endpoints.json."
+    )
     operation_timeout_s: float = Field(
         600.0, gt=0, description="Default deadline of one scale operation; past it the operation rolls back."
     )
     drain_timeout_s: float = Field(
-        60.0, ge=0, description="Scale-in: how long a removed engine may finish its requests before it is stopped."
+        60.0,
+        ge=0,
+        description="Scale-in: how long a removed engine may finish its requests before it is stopped.",
     )
     max_engines: int = Field(16, gt=0, description="Scale-out refuses to go past this many engines.")
 
@@ -107,17 +119,24 @@ class AgentConfig(Section):
         description="multi_turn: a built-in environment name (tools, calculator, search) or an import path "
         "`package.module:factory` (called with `env_kwargs`, returns a relax.agentic.env.Environment).",
     )
-    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the env factory.")
-    max_turns: int = Field(4, gt=0, description="Model turns per trajectory; the episode ends after the last.")
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the env factory."
+    )
+    max_turns: int = Field(
+        4, gt=0, description="Model turns per trajectory; the episode ends after the last."
+    )
     max_total_tokens: int = Field(
         256, gt=0, description="Token budget of the whole response (model and environment tokens)."
     )
     max_turn_tokens: int | None = Field(
         None, gt=0, description="Cap on one model turn in tokens (None = rollout.max_new_tokens)."
     )
-    tool_timeout_s: float = Field(10.0, gt=0, description="A tool call running longer becomes an error observation.")
+    tool_timeout_s: float = Field(
+        10.0, gt=0, description="A tool call running longer becomes an error observation."
+    )
     end_on_truncated_turn: bool = Field(
-        True, description="A model turn cut at its token cap ends the episode (else the environment answers it)."
+        True,
+        description="A model turn cut at its token cap ends the episode (else the environment answers it).",
     )
     stop_at_tool_call: bool = Field(
         True, description="End a model turn at `</tool_call>` (the tool runs while the engine is free)."
@@ -130,10 +149,14 @@ class AgentConfig(Section):
         description="external: the agent program and its arguments; it gets RELAX_BASE_URL, RELAX_SESSION_ID "
         "and RELAX_SAMPLE_FILE in its environment (and `{base_url}`/`{session_id}` in arguments are filled).",
     )
-    agent_timeout_s: float = Field(300.0, gt=0, description="external: the agent process is killed after this.")
+    agent_timeout_s: float = Field(
+        300.0, gt=0, description="external: the agent process is killed after this."
+    )
     max_concurrent_agents: int = Field(16, gt=0, description="external: agent processes running at once.")
     contexts_per_sample: int = Field(
-        1, gt=0, description="Training rows per sample (multi-agent: one per context, e.g. planner and worker)."
+        1,
+        gt=0,
+        description="Training rows per sample (multi-agent: one per context, e.g. planner and worker).",
     )
     advantage_fn: str | None = Field(
         None,
@@ -183,7 +206,6 @@ class RolloutConfig(Section):
         False, description="Partial rollout: loss mask 0 on tokens generated before the last abort."
     )
     elastic: ElasticConfig = Field(default_factory=ElasticConfig, description="Elastic rollout REST API.")
-
 
     agent: AgentConfig = Field(default_factory=AgentConfig, description="Multi-turn and agentic rollouts.")
 
@@ -251,7 +273,18 @@ class TrainerConfig(Section):
     weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto",
         description="Collective backend of trainer -> engine weight sync: `auto` = NCCL when the trainer and "
-        "engines hold separate GPUs, gloo (through host memory) on CPU or when they share GPUs (colocate).",
+        "engines hold GPUs (receivers on a training rank's own GPU get CUDA IPC instead), gloo (through host "
+        "memory) on CPU, or when SGLang engines share the trainer's GPUs.",
+    )
+    weight_sync_ipc: bool = Field(
+        True,
+        description="Hand weights to receivers on a training rank's own GPU (colocated embedded engines, "
+        "ActorFwd) by CUDA IPC: no collective, no host copy.",
+    )
+    weight_sync_flatten: bool | None = Field(
+        None,
+        description="Broadcast each bucket as one packed buffer (one collective per bucket) instead of one "
+        "per tensor; default: on for embedded engines, off for SGLang (its protocol is per tensor).",
     )
     publish_bucket_mb: int = Field(
         256, gt=0, description="Weight-publish bucket size (MiB of gathered tensors)."
@@ -337,10 +370,14 @@ class OpsConfig(Section):
     # -- health and recovery (relax/orchestration/health.py, relax/orchestration/recovery.py) --
     heartbeat_interval_s: float = Field(2.0, gt=0, description="Seconds between a service's heartbeats.")
     heartbeat_timeout_s: float = Field(
-        60.0, gt=0, description="A service silent this many seconds is restarted (stateless) or fails the run."
+        60.0,
+        gt=0,
+        description="A service silent this many seconds is restarted (stateless) or fails the run.",
     )
     max_role_restarts: int = Field(
-        3, ge=0, description="In-place restarts of one stateless role before a global restart is taken instead."
+        3,
+        ge=0,
+        description="In-place restarts of one stateless role before a global restart is taken instead.",
     )
     max_global_restarts: int = Field(
         2, ge=0, description="Global restarts from the last checkpoint (Actor failure) before the run stops."

@@ -93,7 +93,11 @@ class TrainerGroup:
             self.pg = placement_group([bundle] * n, strategy="PACK")
             ray.get(self.pg.ready(), timeout=300)
             placement = [
-                {"scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=r)}
+                {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        self.pg, placement_group_bundle_index=r
+                    )
+                }
                 for r in range(n)
             ]
         rank_cls = ray.remote(FSDPWorker)
@@ -174,7 +178,8 @@ class TrainerGroup:
 
     # -- publishing --------------------------------------------------------------------------
     def connect_engines(self, urls: list[str]) -> None:
-        self._call_all("connect_engines", urls)
+        """Every rank learns every rank's GPU, so each receiver is served by exactly one rank."""
+        self._call_all("connect_engines", urls, self._call_all("device_uuid"))
 
     def publish(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
         """All ranks gather, rank 0 broadcasts to the connected engines; returns bytes and seconds."""

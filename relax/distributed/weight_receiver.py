@@ -1,7 +1,8 @@
-"""A weight-sync receiver for a training-side model (ActorFwd): the three endpoints of the engines'
-weight protocol (`/init_weights_update_group`, `/update_weights_from_distributed`,
-`/destroy_weights_update_group`) on 127.0.0.1, so the trainer's publisher treats the model as one more
-rank of its broadcast group: same buckets, same backend (NCCL between GPUs), no host copy.
+"""A weight-sync receiver for a training-side model (ActorFwd): the weight endpoints of the engines'
+protocol (`/init_weights_update_group`, `/update_weights_from_distributed`, `/update_weights_from_ipc`,
+`/destroy_weights_update_group`, `/get_model_info` with the GPU's UUID) on 127.0.0.1, so the trainer's
+publisher treats the model like one more engine: a rank of its broadcast group on another GPU, a CUDA
+IPC receiver on the trainer's own GPU; no host copy either way.
 
 The owner decides when received weights count: `version` is the weight version of the last completed
 push (the version the trainer sends with the last bucket).
@@ -22,8 +23,10 @@ from relax.backends.inference.protocol import (
     DestroyWeightsUpdateGroupRequest,
     InitWeightsUpdateGroupRequest,
     UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromIpcRequest,
 )
-from relax.distributed.weight_sync import WeightSyncGroup, create_group
+from relax.distributed import weight_ipc
+from relax.distributed.weight_sync import WeightSyncGroup, create_group, parse_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +61,21 @@ class ModelWeightReceiver:
             raise ValueError(
                 f"no weight-sync group named {req.group_name!r}; call /init_weights_update_group first"
             )
-        tensors = self.groups[req.group_name].receive(
-            list(zip(req.names, req.dtypes, req.shapes, strict=True))
-        )
+        group = self.groups[req.group_name]
+        specs = list(zip(req.names, req.dtypes, req.shapes, strict=True))
+        tensors = group.receive_flat(specs) if req.load_format == weight_ipc.FLAT else group.receive(specs)
+        self._load(tensors, req.weight_version)
+
+    def update_ipc(self, req: UpdateWeightsFromIpcRequest) -> None:
+        """A bucket from a CUDA buffer of the trainer rank on this GPU; copied before this returns."""
+        if self.device.type != "cuda":
+            raise ValueError("weights by CUDA IPC need a model on a GPU; use the broadcast group")
+        buf = weight_ipc.open_shared(req.handle)
+        specs = [(n, parse_dtype(d), s) for n, d, s in zip(req.names, req.dtypes, req.shapes, strict=True)]
+        self._load(weight_ipc.unpack(buf, specs), req.weight_version)
+        torch.cuda.synchronize(self.device)
+
+    def _load(self, tensors: dict[str, torch.Tensor], weight_version: str | None) -> None:
         unknown = [n for n in tensors if n not in self.params]
         if unknown:
             logger.warning("weight receiver: %d unknown names ignored (e.g. %s)", len(unknown), unknown[0])
@@ -69,8 +84,8 @@ class ModelWeightReceiver:
                 if name in self.params:
                     self.params[name].copy_(t)
                     self.loaded += 1
-        if req.weight_version is not None:
-            self.version = req.weight_version
+        if weight_version is not None:
+            self.version = weight_version
 
     def destroy(self, req: DestroyWeightsUpdateGroupRequest) -> None:
         if req.group_name not in self.groups:
@@ -100,6 +115,14 @@ def build_receiver_app(receiver: ModelWeightReceiver) -> FastAPI:
     @app.post("/update_weights_from_distributed")
     async def update(req: UpdateWeightsFromDistributedRequest) -> JSONResponse:
         return await call(receiver.update, req, "weights updated")
+
+    @app.post("/update_weights_from_ipc")
+    async def update_ipc(req: UpdateWeightsFromIpcRequest) -> JSONResponse:
+        return await call(receiver.update_ipc, req, "weights updated")
+
+    @app.get("/get_model_info")
+    async def model_info() -> dict:
+        return {"device": str(receiver.device), "device_uuid": weight_ipc.device_uuid(receiver.device)}
 
     @app.post("/destroy_weights_update_group")
     async def destroy(req: DestroyWeightsUpdateGroupRequest) -> JSONResponse:

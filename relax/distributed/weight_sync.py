@@ -85,6 +85,28 @@ class WeightSyncGroup:
             for _, w in works:
                 w.wait()
 
+    def broadcast_flat(self, tensors: Sequence[tuple[str, Tensor]], src: int = 0) -> None:
+        """Sender side of `load_format="flattened_bucket"`: the bucket packed into one buffer, one broadcast."""
+        from relax.distributed.weight_ipc import pack
+
+        with self._on_device():
+            self.broadcast_packed(pack(tensors, self.device), src)
+
+    def broadcast_packed(self, buf: Tensor, src: int = 0) -> None:
+        """Broadcast a buffer that `weight_ipc.pack` made on this group's device."""
+        with self._on_device():
+            self.pg.broadcast([buf], _bcast_opts(src)).wait()
+
+    def receive_flat(self, specs: Sequence[TensorSpec], src: int = 0) -> dict[str, Tensor]:
+        """Receiver side of `broadcast_flat`: one buffer, returned as views by name."""
+        from relax.distributed.weight_ipc import layout, unpack
+
+        typed = [(n, parse_dtype(d), s) for n, d, s in specs]
+        with self._on_device():
+            buf = torch.empty(layout(typed)[1], dtype=torch.uint8, device=self.device)
+            self.pg.broadcast([buf], _bcast_opts(src)).wait()
+        return unpack(buf, typed)
+
     def receive(self, specs: Sequence[TensorSpec], src: int = 0) -> dict[str, Tensor]:
         """Receiver side: allocate each (name, dtype, shape) on the group's device and receive it."""
         out: dict[str, Tensor] = {}

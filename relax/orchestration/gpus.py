@@ -58,10 +58,16 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
         r.trainer_gpus = trainer
     if r.fwd_gpus is None:
         r.fwd_gpus = fwd
+    embedded = cfg.rollout.engine == "embedded"
+    if t.weight_sync_flatten is None:
+        t.weight_sync_flatten = embedded
     if t.weight_sync_backend == "auto":
-        # Any GPU holding two members of the broadcast group (a rank and an engine in colocate; the
-        # trainer and the ActorFwd receiver in fully_async) rules NCCL out.
-        shared = (r.mode == "colocate" and r.engine_gpus > 0 and r.trainer_gpus > 0) or (r.fwd_gpus or 0) > 0
+        # A GPU holding two members of one NCCL group (a rank and an engine in colocate; the trainer and
+        # ActorFwd in fully_async) rules NCCL out, unless those receivers take CUDA IPC instead: embedded
+        # engines and ActorFwd do; SGLang engines would need gloo.
+        ipc = t.weight_sync_ipc and embedded
+        colocated_engines = r.mode == "colocate" and r.engine_gpus > 0 and r.trainer_gpus > 0 and not ipc
+        shared = colocated_engines or ((r.fwd_gpus or 0) > 0 and not t.weight_sync_ipc)
         t.weight_sync_backend = "nccl" if r.engine_gpus > 0 and r.trainer_gpus > 0 and not shared else "gloo"
     if wants_gpu:
         logger.info(

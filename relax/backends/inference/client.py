@@ -217,7 +217,9 @@ class EngineClient:
         group_name: str = "weight_update_group",
         weight_version: str | None = None,
         flush_cache: bool = True,
+        load_format: str | None = None,
     ) -> dict[str, Any]:
+        """`load_format="flattened_bucket"` (Relax receivers): the bucket comes as one packed buffer."""
         body = {
             "names": names,
             "dtypes": dtypes,
@@ -226,9 +228,32 @@ class EngineClient:
             "flush_cache": flush_cache,
             "weight_version": weight_version,
         }
+        if load_format is not None:
+            body["load_format"] = load_format
         return _checked(
             self.base_url, (await self._request("POST", "/update_weights_from_distributed", body)).json()
         )
+
+    async def update_weights_from_ipc(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        handle: dict[str, Any],
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> dict[str, Any]:
+        """Load a bucket packed in a CUDA buffer of the caller's (`relax.distributed.weight_ipc.share`);
+        only for receivers on the same GPU, and only Relax's own (SGLang has no such endpoint)."""
+        body = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "handle": handle,
+            "flush_cache": flush_cache,
+            "weight_version": weight_version,
+        }
+        return _checked(self.base_url, (await self._request("POST", "/update_weights_from_ipc", body)).json())
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict[str, Any]:
         body = {"group_name": group_name}

@@ -152,7 +152,8 @@ class DestroyWeightsUpdateGroupRequest(Strict):
 
 class UpdateWeightsFromDistributedRequest(Strict):
     """Body of `POST /update_weights_from_distributed`: receive these tensors, in this order, by one
-    broadcast each from rank 0 of the group, and load them by name."""
+    broadcast each from rank 0 of the group (`load_format="flattened_bucket"`: one broadcast of the
+    bucket packed as `relax.distributed.weight_ipc.layout` describes), and load them by name."""
 
     names: list[str]
     dtypes: list[str]
@@ -161,17 +162,38 @@ class UpdateWeightsFromDistributedRequest(Strict):
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
-    load_format: str | None = None
+    load_format: Literal["flattened_bucket"] | None = None
     torch_empty_cache: bool = False
 
     @model_validator(mode="after")
     def _same_lengths(self) -> UpdateWeightsFromDistributedRequest:
-        if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
-            raise ValueError(
-                f"names, dtypes and shapes must have one entry per tensor; got "
-                f"{len(self.names)}, {len(self.dtypes)}, {len(self.shapes)}"
-            )
+        _check_lengths(self.names, self.dtypes, self.shapes)
         return self
+
+
+class UpdateWeightsFromIpcRequest(Strict):
+    """Body of `POST /update_weights_from_ipc` (Relax only): the bucket packed in a CUDA buffer of the
+    sender on this receiver's GPU, as `relax.distributed.weight_ipc.share` describes it."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    handle: dict[str, Any]
+    flush_cache: bool = True
+    weight_version: str | None = None
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> UpdateWeightsFromIpcRequest:
+        _check_lengths(self.names, self.dtypes, self.shapes)
+        return self
+
+
+def _check_lengths(names: list, dtypes: list, shapes: list) -> None:
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError(
+            f"names, dtypes and shapes must have one entry per tensor; got "
+            f"{len(names)}, {len(dtypes)}, {len(shapes)}"
+        )
 
 
 class UpdateWeightsFromDiskRequest(Strict):

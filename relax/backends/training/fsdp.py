@@ -298,10 +298,18 @@ class FSDPWorker:
         out = {n: t.cpu() for n, t in self.weight_stream(mode)}
         return out if self.rank == 0 else None
 
-    def connect_engines(self, urls: list[str]) -> None:
-        """Rank 0 joins the engines' weight-sync group (the other ranks only help gather)."""
-        if self.rank == 0:
-            self._publisher().connect(urls)
+    def device_uuid(self) -> str | None:
+        """This rank's GPU (None on CPU): receivers on it get weights by CUDA IPC from this rank."""
+        from relax.distributed.weight_ipc import device_uuid
+
+        return device_uuid(self.device)
+
+    def connect_engines(self, urls: list[str], rank_uuids: list[str | None] | None = None) -> None:
+        """Rank 0 forms the weight-sync group with the receivers on other GPUs; each rank serves the
+        receivers on its own GPU by CUDA IPC. `rank_uuids`: every rank's GPU (default: this rank alone)."""
+        rank_uuids = rank_uuids if rank_uuids is not None else [self.device_uuid()]
+        if self.rank < len(rank_uuids):
+            self._publisher().connect(urls, rank_uuids, self.rank)
 
     def publish(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
         """Gather full weights in buckets; rank 0 broadcasts each to the engines. Returns bytes and time."""
@@ -312,7 +320,13 @@ class FSDPWorker:
         if getattr(self, "_rank_publisher", None) is None:
             from relax.distributed.rank_publisher import RankPublisher  # HTTP clients: only when publishing
 
-            self._rank_publisher = RankPublisher(self.cfg.publish_bucket_mb << 20, self.cfg.weight_sync_backend)
+            c = self.cfg
+            self._rank_publisher = RankPublisher(
+                c.publish_bucket_mb << 20,
+                c.weight_sync_backend,
+                flatten=c.weight_sync_flatten is not False,
+                ipc=c.weight_sync_ipc,
+            )
         return self._rank_publisher
 
     def gather_optimizer_state(self, key: str = "exp_avg") -> dict[str, Tensor] | None:

@@ -34,6 +34,7 @@ from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.scheduler import Scheduler
 from relax.backends.inference.embedded.sequence import GenerationResult, RequestGroup
 from relax.backends.inference.protocol import SamplingParams
+from relax.distributed.weight_ipc import FLAT
 
 logger = logging.getLogger(__name__)
 
@@ -284,11 +285,15 @@ class EmbeddedEngine:
 
     # -- weights --------------------------------------------------------------------------------
     def update_weights(
-        self, named_tensors: Iterable[tuple[str, Tensor]], weight_version: str | None = None
+        self,
+        named_tensors: Iterable[tuple[str, Tensor]],
+        weight_version: str | None = None,
+        refresh: bool = True,
     ) -> int:
-        """Copy tensors into the model between two steps; running requests continue on the new weights."""
+        """Copy tensors into the model between two steps; running requests continue on the new weights.
+        `refresh=False` (a bucket before the last) leaves the fused decode weights for the last bucket."""
         items = list(named_tensors)
-        n = self._call(lambda: self.runner.load_weights(items, weight_version))
+        n = self._call(lambda: self.runner.load_weights(items, weight_version, refresh=refresh))
         logger.info("loaded %d weights, version %s", n, self.weight_version)
         return n
 
@@ -334,14 +339,41 @@ class EmbeddedEngine:
         shapes: list[list[int]],
         group_name: str,
         weight_version: str | None,
+        load_format: str | None = None,
+        flush_cache: bool = True,
     ) -> int:
-        """Receive the tensors from rank 0 of `group_name` (in this thread), then load them."""
+        """Receive the tensors from rank 0 of `group_name` (in this thread), then load them.
+        `load_format="flattened_bucket"`: one broadcast of the packed bucket instead of one per tensor."""
         if group_name not in self._groups:
             raise ValueError(
                 f"no weight-sync group named {group_name!r}; call /init_weights_update_group first"
             )
-        tensors = self._groups[group_name].receive(list(zip(names, dtypes, shapes, strict=True)))
-        return self.update_weights(tensors.items(), weight_version)
+        group = self._groups[group_name]
+        specs = list(zip(names, dtypes, shapes, strict=True))
+        tensors = group.receive_flat(specs) if load_format == FLAT else group.receive(specs)
+        return self.update_weights(tensors.items(), weight_version, refresh=flush_cache)
+
+    def update_weights_from_ipc(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        handle: dict[str, Any],
+        weight_version: str | None,
+        flush_cache: bool = True,
+    ) -> int:
+        """Load a bucket from a CUDA buffer of a process on this GPU; the copy is complete on return, so
+        the sender may free the buffer."""
+        from relax.distributed.weight_ipc import open_shared, unpack
+        from relax.distributed.weight_sync import parse_dtype
+
+        if self.runner.device.type != "cuda":
+            raise ValueError("weights by CUDA IPC need an engine on a GPU; use the broadcast group")
+        buf = open_shared(handle)
+        specs = [(n, parse_dtype(d), s) for n, d, s in zip(names, dtypes, shapes, strict=True)]
+        n = self.update_weights(unpack(buf, specs).items(), weight_version, refresh=flush_cache)
+        torch.cuda.synchronize(self.runner.device)
+        return n
 
     # -- introspection --------------------------------------------------------------------------
     def metrics(self) -> EngineMetrics:

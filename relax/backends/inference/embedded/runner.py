@@ -254,9 +254,13 @@ class ModelRunner:
     # -- weights -----------------------------------------------------------------------------------
     @torch.no_grad()
     def load_weights(
-        self, named_tensors: Iterable[tuple[str, Tensor]], weight_version: str | None = None
+        self,
+        named_tensors: Iterable[tuple[str, Tensor]],
+        weight_version: str | None = None,
+        refresh: bool = True,
     ) -> int:
         """Copy tensors into the parameters of the same (Hugging Face) names; returns how many were set.
+        `refresh`: rebuild the lean decoder's fused weights now (False for all but the last bucket).
 
         Every name is checked before anything is copied, so a bad update leaves the model unchanged.
         """
@@ -273,7 +277,7 @@ class ModelRunner:
                 )
         for name, tensor in items:
             self._params[name].data.copy_(tensor)
-        if self.lean is not None:
+        if self.lean is not None and refresh:
             self.lean.refresh()
         if weight_version is not None:
             self.weight_version = str(weight_version)

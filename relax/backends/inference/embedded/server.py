@@ -37,8 +37,10 @@ from relax.backends.inference.protocol import (
     SlowDownRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromIpcRequest,
 )
 from relax.data.mm_codec import decode_inputs
+from relax.distributed.weight_ipc import device_uuid
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +191,7 @@ def build_app(engine: EmbeddedEngine) -> FastAPI:
             "weight_version": engine.weight_version,
             "max_context_len": engine.max_context_len,
             "device": str(r.device),
+            "device_uuid": device_uuid(r.device),
             "dtype": str(r.dtype).removeprefix("torch."),
             "engine": "relax-embedded",
         }
@@ -251,8 +254,15 @@ def build_app(engine: EmbeddedEngine) -> FastAPI:
     async def update_distributed(req: UpdateWeightsFromDistributedRequest) -> JSONResponse:
         if req.abort_all_requests:
             await asyncio.to_thread(engine.abort, None, True)
-        args = (req.names, req.dtypes, req.shapes, req.group_name, req.weight_version)
-        return await _weights_call(engine.update_weights_from_distributed, *args, done="weights updated")
+        args = (req.names, req.dtypes, req.shapes, req.group_name, req.weight_version, req.load_format)
+        return await _weights_call(
+            engine.update_weights_from_distributed, *args, req.flush_cache, done="weights updated"
+        )
+
+    @app.post("/update_weights_from_ipc")
+    async def update_ipc(req: UpdateWeightsFromIpcRequest) -> JSONResponse:
+        args = (req.names, req.dtypes, req.shapes, req.handle, req.weight_version, req.flush_cache)
+        return await _weights_call(engine.update_weights_from_ipc, *args, done="weights updated")
 
     @app.post("/update_weights_from_disk")
     async def update_disk(req: UpdateWeightsFromDiskRequest) -> JSONResponse:
