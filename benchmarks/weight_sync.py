@@ -1,7 +1,8 @@
 """Weight-sync time from a trainer process to an embedded engine process, per transport, in one run.
 
 The trainer is this process (the model on cuda:0); engines are `relax engine serve` processes on cuda:0
-(the trainer's GPU: colocate, or ActorFwd beside the trainer) and, with two GPUs, on cuda:1. Every
+(the trainer's GPU: colocate, or ActorFwd beside the trainer) and, with two GPUs, on cuda:1, each seeing
+only its own GPU as under Ray. Every
 transport publishes the same weights through `WeightPublisher`, as the trainer does each step:
 
     gloo/tensor   gloo group, one broadcast per tensor, through host memory (the old same-GPU path)
@@ -37,9 +38,14 @@ QWEN25_05B = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_hea
 
 
 def start_engine(model: Path, device: str, port: int) -> subprocess.Popen:
+    """An engine process that sees only its GPU, as under Ray (GPUs are matched by UUID, not index)."""
     cmd = [sys.executable, "-m", "relax.entrypoints.engine_cmd", "serve", "--model", str(model)]
-    cmd += ["--port", str(port), "--device", device, "--max-total-tokens", "16384", "--max-running", "8"]
+    cmd += ["--port", str(port), "--max-total-tokens", "16384", "--max-running", "8"]
     env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if device.startswith("cuda"):
+        env["CUDA_VISIBLE_DEVICES"] = str(torch.device(device).index or 0)
+        device = "cuda:0"
+    cmd += ["--device", device]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -77,6 +83,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--bucket-mb", default="256,1024", help="bucket sizes to try (MiB, comma separated)")
     p.add_argument("--tiny", action="store_true", help="the tiny test model (CPU smoke run)")
+    p.add_argument("--only", default="", help="comma-separated transport prefixes to run (default: all)")
     args = p.parse_args()
     from relax.distributed.weight_publisher import free_port
     from relax.models.tiny import write_tiny_model
@@ -114,7 +121,7 @@ def main() -> None:
             )
         runs = [
             ("gloo/tensor", "same", 256, {"backend": "gloo", "flatten": False, "ipc": False}),
-            ("gloo/flat", "same", 256, {"backend": "gloo", "flatten": True, "ipc": False}),
+            ("gloo/flat", "same", 256, {"backend": "gloo", "force_flat": True, "ipc": False}),
         ]
         for mb in [int(x) for x in args.bucket_mb.split(",")]:
             if "other" in engines:
@@ -122,6 +129,8 @@ def main() -> None:
                 runs.append((f"nccl/flat/{mb}M", "other", mb, {"backend": "nccl", "flatten": True}))
             if gpus:
                 runs.append((f"ipc/{mb}M", "same", mb, {"ipc": True}))
+        if args.only:
+            runs = [r for r in runs if r[0] == "gloo/tensor" or r[0].startswith(tuple(args.only.split(",")))]
         results = {}
         for name, where, mb, kw in runs:
             times = asyncio.run(measure(engines[where][1], named, args.repeats, mb, **kw))

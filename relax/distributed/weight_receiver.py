@@ -157,5 +157,7 @@ class ReceiverServer:
         return self.url
 
     def stop(self) -> None:
+        if not self.thread.is_alive():
+            return
         self.server.should_exit = True
         self.thread.join(timeout=10)

@@ -75,8 +75,8 @@ def _publish(urls: list[str], named, version: int, **kw) -> None:
     run(go())
 
 
-def test_flat_buckets_over_gloo_reach_an_engine_and_a_receiver(bare_model_dir, new_model):
-    server = EngineServer(str(bare_model_dir), port=0, seed=0, dtype="float32")
+def test_flat_buckets_reach_an_engine_and_a_receiver(bare_model_dir, new_model):
+    server = EngineServer(str(bare_model_dir), port=0, seed=0, dtype="float32", device="cpu")
     server.start()
     target = AutoModelForCausalLM.from_pretrained(bare_model_dir, dtype=torch.float32).eval()
     receiver = ReceiverServer(ModelWeightReceiver(target))
@@ -84,7 +84,9 @@ def test_flat_buckets_over_gloo_reach_an_engine_and_a_receiver(bare_model_dir, n
         client = EngineClient(server.url, timeout_s=60)
         assert run(client.model_info())["device_uuid"] is None  # CPU: no IPC
         named = list(new_model.state_dict().items())
-        _publish([server.url, receiver.start()], named, version=4, backend="gloo", flatten=True)
+        _publish(
+            [server.url, receiver.start()], named, version=4, backend="gloo", flatten=True, force_flat=True
+        )
         out = run(client.generate(PROMPT, GREEDY))
         assert out.weight_version == "4"
         assert out.output_ids == greedy_reference(new_model, PROMPT, 8)
