@@ -37,7 +37,7 @@ QWEN25_05B = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_hea
               "intermediate_size": 4864, "vocab_size": 151936}  # fmt: skip
 
 
-def start_engine(model: Path, device: str, port: int) -> subprocess.Popen:
+def start_engine(model: Path, device: str, port: int, log: Path | None = None) -> subprocess.Popen:
     """An engine process that sees only its GPU, as under Ray (GPUs are matched by UUID, not index)."""
     cmd = [sys.executable, "-m", "relax.entrypoints.engine_cmd", "serve", "--model", str(model)]
     cmd += ["--port", str(port), "--max-total-tokens", "16384", "--max-running", "8"]
@@ -46,7 +46,8 @@ def start_engine(model: Path, device: str, port: int) -> subprocess.Popen:
         env["CUDA_VISIBLE_DEVICES"] = str(torch.device(device).index or 0)
         device = "cuda:0"
     cmd += ["--device", device]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = log.open("w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -83,6 +84,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--bucket-mb", default="256,1024", help="bucket sizes to try (MiB, comma separated)")
     p.add_argument("--tiny", action="store_true", help="the tiny test model (CPU smoke run)")
+    p.add_argument("--engine-logs", default=None, help="folder for the engines' output (default: dropped)")
     p.add_argument("--only", default="", help="comma-separated transport prefixes to run (default: all)")
     args = p.parse_args()
     from relax.distributed.weight_publisher import free_port
@@ -110,15 +112,11 @@ def main() -> None:
 
     engines = {}
     try:
-        engines["same"] = (
-            start_engine(model_dir, trainer_device, port := free_port()),
-            f"http://127.0.0.1:{port}",
-        )
-        if gpus >= 2:
-            engines["other"] = (
-                start_engine(model_dir, "cuda:1", port := free_port()),
-                f"http://127.0.0.1:{port}",
-            )
+        logs = Path(args.engine_logs) if args.engine_logs else None
+        for where, dev in [("same", trainer_device), ("other", "cuda:1")][: 2 if gpus >= 2 else 1]:
+            port = free_port()
+            log = logs / f"engine_{where}.log" if logs else None
+            engines[where] = (start_engine(model_dir, dev, port, log), f"http://127.0.0.1:{port}")
         runs = [
             ("gloo/tensor", "same", 256, {"backend": "gloo", "flatten": False, "ipc": False}),
             ("gloo/flat", "same", 256, {"backend": "gloo", "force_flat": True, "ipc": False}),

@@ -203,8 +203,15 @@ class WeightPublisher:
         return self.last_publish_s
 
     async def close(self) -> None:
+        """Leave the group; the members are asked to leave too (best effort: a dead engine cannot)."""
         if self.group is not None:
-            self.group.destroy()
+            calls = [
+                asyncio.wait_for(c.destroy_weights_update_group(self.group.name), 10) for c in self.clients
+            ]
+            for c, r in zip(self.clients, await asyncio.gather(*calls, return_exceptions=True), strict=True):
+                if isinstance(r, Exception):
+                    logger.debug("%s did not leave weight-sync group %s: %s", c.base_url, self.group_name, r)
+            await asyncio.to_thread(self.group.destroy)
             self.group = None
         for c in [*self.clients, *self.ipc_clients]:
             await c.close()

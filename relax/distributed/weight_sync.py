@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -120,13 +121,30 @@ class WeightSyncGroup:
                 w.wait()
         return out
 
-    def destroy(self) -> None:
-        if self.pg is not None:
+    def destroy(self, timeout_s: float = 10.0) -> None:
+        """Leave the group without waiting for the peers: an NCCL communicator is aborted (a graceful
+        NCCL shutdown blocks while a peer still holds the communicator, e.g. an engine that keeps its
+        side of the group until the next `/init_weights_update_group`). Never blocks past `timeout_s`."""
+        pg, self.pg = self.pg, None
+        if pg is None:
+            return
+
+        def end() -> None:
             try:
-                self.pg.shutdown()
+                if self.backend == "nccl" and hasattr(pg, "abort"):
+                    pg.abort()
+                else:
+                    pg.shutdown()
             except Exception as e:  # noqa: BLE001 - best effort; the group may already be broken
                 logger.debug("weight-sync group %s shutdown: %s", self.name, e)
-            self.pg = None
+
+        t = threading.Thread(target=end, name=f"destroy-{self.name}", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if t.is_alive():
+            logger.warning(
+                "weight-sync group %s did not shut down within %.0fs; left behind", self.name, timeout_s
+            )
 
 
 def create_group(
