@@ -9,6 +9,11 @@ from `transformers` (RMSNorm scales before rounding; residual adds happen in the
 weights are copies: `refresh()` rebuilds them after the model's weights change (the runner calls it).
 For one query token the query heads are grouped under their key/value head ([N, H_kv, rep, D]), so
 grouped-query attention needs no repeated keys. Other architectures use the `transformers` forward.
+
+On the CPU, where a small step's time is mostly per-op overhead, the rotary cos / sin come from a table of
+the model's own rotary embedding over positions 0..P-1 (grown by doubling; one lookup instead of about
+a dozen ops per step). Not for dynamic rotary types, whose frequencies depend on the sequence length, nor
+on CUDA, where decode steps are captured graphs that must not see a table reallocated.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 SUPPORTED = {"qwen2", "qwen3", "llama"}
+DYNAMIC_ROPE = ("dynamic", "longrope")  # rotary types whose frequencies change with the sequence length
 
 
 def _rms(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
@@ -36,6 +42,17 @@ def _rotary(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     D = x.shape[-1]
     swapped = x.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2)
     return torch.addcmul(x * cos, swapped, sin_signed)
+
+
+def _attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Attention of one query token per row, its query heads grouped under their key/value head:
+    q [N, Hk, rep, D], k and v [N, Hk, K, D], additive mask [N, 1, 1, K]. On the CPU it is two batched
+    matmuls and a softmax: at a few query heads per row the fused SDPA kernel's setup per (row, head)
+    costs more than the maths."""
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)  # [N, Hk, rep, K]
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype), v)
 
 
 class LeanDecoder:
@@ -56,6 +73,9 @@ class LeanDecoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[dict[str, Any]] = []
         self.refresh()
+        rope_type = getattr(self.body.rotary_emb, "rope_type", "default")
+        self._rope_static = isinstance(rope_type, str) and not any(t in rope_type for t in DYNAMIC_ROPE)
+        self._rope_table: Tensor | None = None  # [P, 2, D]: cos and sin_signed at positions 0..P-1
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -92,29 +112,47 @@ class LeanDecoder:
         D = self.head_dim
         return torch.cat([q_norm.weight.expand(self.heads, D), k_norm.weight.expand(self.kv_heads, D)])
 
+    def _cos_sin(self, h: Tensor, pos_NT: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """cos and sin_signed [N, T, 1, D] (broadcast over the heads of q and k) at positions `pos_NT`,
+        all below `length`."""
+        D = self.head_dim
+        if self._rope_static and h.device.type == "cpu":
+            table = self._rope_table
+            if table is None or table.shape[0] < length or table.dtype != h.dtype:
+                P = max(length, 2 * table.shape[0] if table is not None else 256)
+                table = self._rope_table = torch.stack(self._rope(h, torch.arange(P)[None]), dim=2)[0]
+            cs = table.index_select(0, pos_NT.flatten()).view(*pos_NT.shape, 2, 1, D)
+            return cs.select(2, 0), cs.select(2, 1)
+        cos, sin_signed = self._rope(h, pos_NT)
+        return cos.unsqueeze(2), sin_signed.unsqueeze(2)
+
+    def _rope(self, h: Tensor, pos_NT: Tensor) -> tuple[Tensor, Tensor]:
+        """The model's rotary cos and sin_signed (see `_rotary`) at `pos_NT`, [N, T, D] each."""
+        D = self.head_dim
+        cos, sin = self.body.rotary_emb(h, pos_NT)
+        return cos, torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], dim=-1)
+
     def __call__(self, ids_NT: Tensor, mask: Tensor, pos_NT: Tensor, cache: Any) -> Tensor:
         """Hidden states [N, T, hidden] after the final norm; `mask` is additive [N, 1, T, K]."""
         N, T = ids_NT.shape
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
-        h = self.body.embed_tokens(ids_NT)
+        h = F.embedding(ids_NT, self.body.embed_tokens.weight)
         H = h.shape[-1]
-        cos, sin = self.body.rotary_emb(h, pos_NT)  # [N, T, D]
-        cos = cos.unsqueeze(2)  # [N, T, 1, D], over the heads of q and k at once
-        sin_signed = torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], dim=-1).unsqueeze(2)
+        cos, sin_signed = self._cos_sin(h, pos_NT, mask.shape[-1])  # [N, T, 1, D]
+        qkv_split = [(Hq + Hk) * D, Hk * D]
         for i, w in enumerate(self.layers):
             x = _rms(h, w["ln1"], self.eps)
-            qkv = F.linear(x, w["qkv_w"], w["qkv_b"])  # [N, T, (Hq + 2 Hk) D]
-            qk = qkv[..., : (Hq + Hk) * D].unflatten(-1, (Hq + Hk, D))  # q and k heads side by side
-            v = qkv[..., (Hq + Hk) * D :].unflatten(-1, (Hk, D))
+            qk, v = F.linear(x, w["qkv_w"], w["qkv_b"]).split(qkv_split, dim=-1)
+            qk = qk.unflatten(-1, (Hq + Hk, D))  # q and k heads side by side
+            v = v.unflatten(-1, (Hk, D))
             if w["qk_norm"] is not None:
                 qk = _rms(qk, None, self.eps) * w["qk_norm"]
             qk = _rotary(qk, cos, sin_signed)  # [N, T, Hq + Hk, D], contiguous
-            q, k = qk[:, :, :Hq], qk[:, :, Hq:]
+            q, k = qk.split([Hq, Hk], dim=2)
             k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), i)  # [N, Hk, K, D]
             if T == 1:  # group the query heads under their kv head: [N, Hk, rep, D] (a view)
-                o = F.scaled_dot_product_attention(
-                    q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, attn_mask=mask, scale=w["scaling"]
-                ).reshape(N * T, Hq * D)
+                o = _attend_one(q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, mask, w["scaling"])
+                o = o.reshape(N * T, Hq * D)
             else:
                 o = (
                     F.scaled_dot_product_attention(

@@ -105,6 +105,9 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
+        # the additive mask's two values, 0-dim tensors of the model's dtype (see `_mask`)
+        self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
+        self._masked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.graphs = None  # decode CUDA graphs: CUDA, lean decoder, text-only models
         if cuda_graphs and self.device.type == "cuda" and self.lean is not None and not self.multimodal:
             self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.device)
@@ -134,8 +137,7 @@ class ModelRunner:
     # -- forward passes ----------------------------------------------------------------------------
     def _mask(self, allowed: Tensor) -> Tensor:
         """Additive attention mask [N, 1, Q, K] from a boolean one [N, Q, K] (works for sdpa and eager)."""
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).unsqueeze(1)
+        return torch.where(allowed, self._attend, self._masked).unsqueeze(1)
 
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         return sdpa_kernel(SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -241,7 +243,7 @@ class ModelRunner:
     ) -> Tensor:
         """`decode` of cache rows `rows_B` (None: 0..B-1), eagerly; what the CUDA graphs capture."""
         col_L = torch.arange(length, device=self.device)
-        allowed = (col_L[None, :] <= pos_B[:, None]).unsqueeze(1)  # [B, 1, L]
+        allowed = (col_L.unsqueeze(0) <= pos_B.unsqueeze(1)).unsqueeze(1)  # [B, 1, L]
         cache = self.cache.for_decode(pos_B, length, rows_B)
         rope_B = pos_B if rope_delta_B is None else pos_B + rope_delta_B
         h = self._hidden(tokens_B.unsqueeze(1), self._mask(allowed), rope_B.unsqueeze(1), cache)

@@ -64,55 +64,78 @@ def truncate_probs(probs_BV: Tensor, top_k_B: Tensor, top_p_B: Tensor, min_p_B: 
     return torch.zeros_like(probs_BV).scatter_(-1, order_BV, sorted_BV)
 
 
-def sample_tokens(
-    logits_BV: Tensor, rows: list[RowParams], shared: torch.Generator | None = None
-) -> tuple[list[int], list[float]]:
-    """Sample one token per row; returns (token ids, log-probs of those tokens), both of length B.
+class BatchSampler:
+    """The sampling parameters of one batch as tensors, built once while the batch stays the same (the
+    scheduler builds a new one when rows join or leave), so a step's sampling is a fixed chain of batched
+    ops with no per-row Python work (except the draws of seeded rows)."""
 
-    Rows without a generator of their own draw from `shared` (one draw for all of them, so the cost of a
-    step does not grow with the number of unseeded rows)."""
-    device = logits_BV.device
-    temps = [r.temperature for r in rows]
-    if all(t <= 0.0 for t in temps):  # all greedy: no noise, log-probs at temperature 1
-        tokens_B = logits_BV.argmax(dim=-1)
-        logp_BV = torch.log_softmax(logits_BV, dim=-1, dtype=torch.float32)  # upcast inside, no copy
-        return _to_lists(tokens_B, logp_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1))
-    scaled_BV = logits_BV  # temperature 1 (and greedy rows, which report temperature 1): no division
-    if any(t > 0.0 and t != 1.0 for t in temps):
-        temp_B = torch.tensor([t if t > 0.0 else 1.0 for t in temps], device=device)
-        scaled_BV = logits_BV.float() / temp_B.unsqueeze(1)
-    logp_BV = torch.log_softmax(scaled_BV, dim=-1, dtype=torch.float32)
-    probs_BV = logp_BV.exp()
-    trunc = [i for i, r in enumerate(rows) if r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0.0]
-    if trunc:
-        idx = torch.tensor(trunc, device=device)
-        sub = [rows[i] for i in trunc]
-        probs_BV = probs_BV.index_copy(
-            0,
-            idx,
-            truncate_probs(
-                probs_BV.index_select(0, idx),
+    def __init__(self, rows: list[RowParams], device: torch.device) -> None:
+        temps = [r.temperature for r in rows]
+        self.all_greedy = all(t <= 0.0 for t in temps)  # no noise, log-probs at temperature 1
+        self.temp_B1: Tensor | None = None  # None: no division (temperature 1, greedy rows report 1)
+        if any(t > 0.0 and t != 1.0 for t in temps):
+            self.temp_B1 = torch.tensor([t if t > 0.0 else 1.0 for t in temps], device=device).unsqueeze(1)
+        self.greedy_B: Tensor | None = None  # greedy rows of a mixed batch
+        if not self.all_greedy and any(t <= 0.0 for t in temps):
+            self.greedy_B = torch.tensor([t <= 0.0 for t in temps], dtype=torch.bool, device=device)
+        # rows with top-k / top-p / min-p: their index and parameters, or None when no row truncates
+        self.trunc: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        trunc = [i for i, r in enumerate(rows) if r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0.0]
+        if trunc:
+            sub = [rows[i] for i in trunc]
+            self.trunc = (
+                torch.tensor(trunc, device=device),
                 torch.tensor([r.top_k for r in sub], device=device),
                 torch.tensor([r.top_p for r in sub], device=device),
                 torch.tensor([r.min_p for r in sub], device=device),
-            ),
-        )
-    uniform_BV = torch.rand(probs_BV.shape, generator=shared, device=device)
-    for i, r in enumerate(rows):
-        if r.generator is not None and r.temperature > 0.0:  # a seeded request: its own stream
-            uniform_BV[i].uniform_(generator=r.generator)
-    # Exp(1) noise; -log(rand) is much cheaper on CPU than exponential_. rand is in [0, 1), so the noise
-    # is in (0, inf]: never 0 (no 0/0), and an infinite draw only scores its token 0
-    noise_BV = uniform_BV.log_().neg_()
-    tokens_B = probs_BV.div_(noise_BV).argmax(dim=-1)
-    if any(t <= 0.0 for t in temps):
-        greedy_B = torch.tensor([t <= 0.0 for t in temps], dtype=torch.bool, device=device)
-        tokens_B = torch.where(greedy_B, logits_BV.argmax(dim=-1), tokens_B)
-    logp_B = logp_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1)
-    return _to_lists(tokens_B, logp_B)
+            )
+        # seeded sampled rows draw from their own stream
+        self.seeded = [
+            (i, r.generator) for i, r in enumerate(rows) if r.generator is not None and r.temperature > 0.0
+        ]
+
+    @torch.inference_mode()
+    def sample(self, logits_BV: Tensor, shared: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Sample one token per row; returns the token ids [B] and their log-probs [B] (float32).
+
+        Rows without a generator of their own draw from `shared` (one draw for all of them, so the cost
+        of a step does not grow with the number of unseeded rows)."""
+        if self.all_greedy:
+            tokens_B = logits_BV.argmax(dim=-1)
+            logp_BV = torch.log_softmax(logits_BV, dim=-1, dtype=torch.float32)  # upcast inside, no copy
+            return tokens_B, logp_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1)
+        scaled_BV = logits_BV if self.temp_B1 is None else logits_BV.float() / self.temp_B1
+        logp_BV = torch.log_softmax(scaled_BV, dim=-1, dtype=torch.float32)
+        probs_BV = logp_BV.exp()
+        if self.trunc is not None:
+            idx, top_k, top_p, min_p = self.trunc
+            probs_BV = probs_BV.index_copy(
+                0, idx, truncate_probs(probs_BV.index_select(0, idx), top_k, top_p, min_p)
+            )
+        uniform_BV = torch.rand(probs_BV.shape, generator=shared, device=logits_BV.device)
+        for i, gen in self.seeded:
+            uniform_BV[i].uniform_(generator=gen)
+        # Exp(1) noise E = -log(rand), much cheaper on CPU than exponential_; argmax p / E is taken as
+        # argmin p / log(rand) (the same values negated, same ties), one op fewer. rand is in [0, 1), so
+        # E is in (0, inf]: never 0 (no 0/0), and an infinite draw only scores its token 0
+        tokens_B = probs_BV.div_(uniform_BV.log_()).argmin(dim=-1)
+        if self.greedy_B is not None:
+            tokens_B = torch.where(self.greedy_B, logits_BV.argmax(dim=-1), tokens_B)
+        return tokens_B, logp_BV.gather(1, tokens_B.unsqueeze(1)).squeeze(1)
 
 
-def _to_lists(tokens_B: Tensor, logp_B: Tensor) -> tuple[list[int], list[float]]:
-    """One device-to-host transfer for both (token ids are exact in float64)."""
+def sample_tokens(
+    logits_BV: Tensor, rows: list[RowParams], shared: torch.Generator | None = None
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row (`BatchSampler` of `rows`); returns (token ids, log-probs), both of
+    length B."""
+    return to_lists(*BatchSampler(rows, logits_BV.device).sample(logits_BV, shared))
+
+
+def to_lists(tokens_B: Tensor, logp_B: Tensor) -> tuple[list[int], list[float]]:
+    """Token ids and log-probs as Python lists; off the CPU in one device-to-host transfer (token ids
+    are exact in float64)."""
+    if tokens_B.device.type == "cpu":
+        return tokens_B.tolist(), logp_B.tolist()
     both = torch.stack([tokens_B.double(), logp_B.double()]).cpu().tolist()
     return [int(t) for t in both[0]], both[1]

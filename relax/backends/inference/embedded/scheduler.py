@@ -7,6 +7,10 @@ sequence. Running sequence b lives in cache slot b (see `kv_cache.py`); a sequen
 the batch at once and the last row moves into its slot, so the batch stays dense and nothing is copied
 per step.
 
+Between two changes of the batch, a step's inputs are carried over from the last one (the sampled tokens
+stay a tensor, positions advance by one) and its sampling parameters stay tensors (`BatchSampler`), so a
+decode step does little Python work per row: appending each row's token and checking its finish rules.
+
 Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
 prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
 is ever preempted) and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts
@@ -19,14 +23,33 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from relax.backends.inference.embedded.runner import ModelRunner
-from relax.backends.inference.embedded.sampling import make_generator, sample_tokens
+from relax.backends.inference.embedded.sampling import (
+    BatchSampler,
+    make_generator,
+    sample_tokens,
+    to_lists,
+)
 from relax.backends.inference.embedded.sequence import RequestGroup, Sequence
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeBatch:
+    """The next decode step's inputs for the running batch as it is: built when rows join or leave, then
+    advanced by each step (its sampled tokens are the next inputs, one column further)."""
+
+    tokens_B: Tensor  # next input token of each row (on the device)
+    pos_B: Tensor  # cache column it is written to
+    length: int  # columns attended: max(pos_B) + 1
+    delta_B: Tensor | None  # rotary position minus cache column (multimodal models), else None
+    sampler: BatchSampler  # the rows' sampling parameters
 
 
 class Scheduler:
@@ -50,6 +73,7 @@ class Scheduler:
         self.cache = runner.cache
         self.reserved = 0  # tokens reserved by the running sequences
         self.generator = make_generator(seed, runner.device)  # noise of the unseeded requests
+        self.batch: DecodeBatch | None = None  # inputs of the next decode step; None: build them anew
 
     # -- queue ----------------------------------------------------------------------------------
     def add(self, group: RequestGroup) -> None:
@@ -132,24 +156,34 @@ class Scheduler:
         for s in seqs:
             self.running.append(s)
             self.reserved += self._reserve(s)
+        self.batch = None
         self._drop_finished()
         return len(fresh)
 
     def _decode(self) -> int:
         running = self.running
+        batch = self.batch if self.batch is not None else self._new_batch()
+        logits_BV = self.runner.decode(batch.tokens_B, batch.pos_B, batch.length, batch.delta_B)
+        tokens_B, logp_B = batch.sampler.sample(logits_BV, self.generator)
+        new_tokens, logprobs = to_lists(tokens_B, logp_B)
+        for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
+            s.append(t, lp)
+        batch.tokens_B, batch.pos_B, batch.length = tokens_B, batch.pos_B + 1, batch.length + 1
+        self.batch = batch
+        self._drop_finished()  # a row that leaves clears self.batch
+        return len(new_tokens)
+
+    def _new_batch(self) -> DecodeBatch:
+        running = self.running
         device = self.runner.device
-        tokens_B = torch.tensor([s.output_ids[-1] for s in running], dtype=torch.long).to(device)
         positions = [s.num_tokens - 1 for s in running]
-        pos_B = torch.tensor(positions, dtype=torch.long).to(device)
+        tokens_pos_2B = torch.tensor([[s.output_ids[-1] for s in running], positions], dtype=torch.long)
+        tokens_B, pos_B = tokens_pos_2B.to(device).unbind(0)
         delta_B = None
         if self.runner.multimodal:
             delta_B = torch.tensor([s.group.rope_delta for s in running], dtype=torch.long).to(device)
-        logits_BV = self.runner.decode(tokens_B, pos_B, max(positions) + 1, delta_B)
-        new_tokens, logprobs = sample_tokens(logits_BV, [s.row for s in running], self.generator)
-        for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
-            s.append(t, lp)
-        self._drop_finished()
-        return len(running)
+        sampler = BatchSampler([s.row for s in running], device)
+        return DecodeBatch(tokens_B, pos_B, max(positions) + 1, delta_B, sampler)
 
     # -- leaving the batch ----------------------------------------------------------------------
     def _drop_finished(self) -> None:
@@ -157,6 +191,7 @@ class Scheduler:
         finished = [s for s in self.running if s.finish is not None]
         if not finished:
             return
+        self.batch = None
         rows = self.running
         b = 0
         while b < len(rows):
@@ -195,7 +230,7 @@ class Scheduler:
         n = len(self.running)
         for s in reversed(self.running):
             self.waiting.appendleft([s])
-        self.running, self.reserved = [], 0
+        self.running, self.reserved, self.batch = [], 0, None
         self.cache.release()
         return n
 
@@ -206,4 +241,4 @@ class Scheduler:
             if not g.future.done():
                 g.future.set_exception(error)
         self.waiting.clear()
-        self.running, self.reserved = [], 0
+        self.running, self.reserved, self.batch = [], 0, None

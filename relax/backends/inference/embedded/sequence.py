@@ -45,6 +45,8 @@ class Sequence:
         self.rid = group.rid if group.params.n == 1 else f"{group.rid}-{index}"
         p = group.params
         self.row = RowParams(p.temperature, p.top_p, p.top_k, p.min_p, generator)
+        self._max_new = p.max_new_tokens
+        self._room = group.max_context_len - len(group.prompt)  # outputs that fill the context
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish: dict[str, Any] | None = None
@@ -57,17 +59,18 @@ class Sequence:
         return self.group.prompt + self.output_ids[:-1]
 
     def append(self, token: int, logprob: float) -> None:
-        self.output_ids.append(token)
+        out = self.output_ids
+        out.append(token)
         self.logprobs.append(logprob)
         g = self.group
         if token in g.stop_ids:
             self.finish = {"type": "stop", "matched": token}
         elif g.stop_strings and (matched := self._matched_stop_string()) is not None:
             self.finish = {"type": "stop", "matched": matched}
-        elif len(self.output_ids) >= g.params.max_new_tokens:
-            self.finish = {"type": "length", "length": g.params.max_new_tokens}
-        elif self.num_tokens >= g.max_context_len:
-            self.finish = {"type": "length", "length": len(self.output_ids)}
+        elif len(out) >= self._max_new:
+            self.finish = {"type": "length", "length": self._max_new}
+        elif len(out) >= self._room:
+            self.finish = {"type": "length", "length": len(out)}
 
     def _matched_stop_string(self) -> str | None:
         window = self.output_ids[-self.group.stop_window :]
