@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from engine_helpers import free_port, greedy_reference, run, trainer_logprobs
+from engine_helpers import free_port, greedy_reference, perturbed_model, run, trainer_logprobs
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.client import EngineClient, EngineRequestError
@@ -63,12 +63,7 @@ def bare_server(bare_model_dir):
 @pytest.fixture(scope="module")
 def new_model(bare_model_dir):
     """Different weights of the same architecture (what the trainer would push)."""
-    model = AutoModelForCausalLM.from_pretrained(bare_model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(7)
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
-    return model
+    return perturbed_model(bare_model_dir, seed=7)
 
 
 def test_push_weights_over_the_group_changes_outputs_and_version(bare_server, new_model):

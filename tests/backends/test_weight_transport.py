@@ -3,15 +3,9 @@ trainer's GPU, through `WeightPublisher` into a real engine server and a real Ac
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
-import httpx
 import pytest
 import torch
-from engine_helpers import free_port, greedy_reference, run
+from engine_helpers import engine_process, greedy_reference, perturbed_model, run
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.client import EngineClient, EngineRequestError
@@ -55,12 +49,7 @@ def test_the_version_rides_on_the_last_bucket_only():
 
 @pytest.fixture(scope="module")
 def new_model(bare_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(bare_model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(11)
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
-    return model
+    return perturbed_model(bare_model_dir, seed=11)
 
 
 def _publish(urls: list[str], named, version: int, **kw) -> None:
@@ -101,28 +90,9 @@ def test_flat_buckets_reach_an_engine_and_a_receiver(bare_model_dir, new_model):
         server.stop()
 
 
-def _engine_process(model_dir, device: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "relax.entrypoints.engine_cmd", "serve", "--model", str(model_dir)]
-    cmd += ["--port", str(port), "--dtype", "float32", "--device", device]
-    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "engine did not come up"
-        time.sleep(0.2)
-
-
 @needs_gpu
 def test_cuda_ipc_into_an_engine_process_on_the_same_gpu(bare_model_dir, new_model):
-    proc, url = _engine_process(bare_model_dir, "cuda:0")
+    proc, url = engine_process(bare_model_dir, "--device", "cuda:0")
     try:
         torch.cuda.set_device(0)
         named = [(n, t.to("cuda:0")) for n, t in new_model.state_dict().items()]
