@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relax.ops.elastic_ops import ElasticError, Operation
+from relax.utils.net import tcp_listener
 
 logger = logging.getLogger(__name__)
 API_VERSION = "1"
@@ -254,9 +254,7 @@ class ElasticServer:
         return f"http://{host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> str:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = tcp_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = self._uvicorn.Config(
             self.app, log_level="warning", access_log=False, lifespan="off", loop="asyncio"

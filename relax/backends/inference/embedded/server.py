@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -41,6 +40,7 @@ from relax.backends.inference.protocol import (
 )
 from relax.data.mm_codec import decode_inputs
 from relax.distributed.weight_ipc import device_uuid
+from relax.utils.net import tcp_listener
 
 logger = logging.getLogger(__name__)
 
@@ -308,10 +308,7 @@ class EngineServer:
     def start(self, timeout_s: float = 60.0) -> int:
         """Start the engine and the server; returns the bound port once the server accepts requests."""
         self.engine.start()
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = tcp_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
         # Keep idle connections open longer than clients pool them (httpx: 5 s), so a client never
         # reuses a connection the server is closing at that moment (a spurious ReadError).
