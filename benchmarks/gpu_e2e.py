@@ -8,7 +8,10 @@ model rarely stops by itself, so the caps set the lengths), and the synthetic `t
 
 Placement on G GPUs (relax/orchestration/gpus.py): colocate puts one training rank and one engine on
 every GPU (they take turns); hybrid and fully_async give the engines G/2 GPUs and the trainer the rest
-(fully_async adds the ActorFwd role beside the trainer).
+(fully_async adds the ActorFwd role beside the trainer). hybrid and fully_async run with partial rollout
+(a weight push aborts in-flight requests, which resume under the new weights) unless
+`--no-partial-rollout`: the next step's prompts already fill the engines while a step's tail decodes, and
+a push that waited for them would wait for that tail too.
 
     python benchmarks/gpu_e2e.py --steps 8                      # on a 2-GPU host
     python benchmarks/gpu_e2e.py --tiny --steps 3 --cap 16      # CPU smoke run with a tiny model
@@ -100,7 +103,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
         "trainer.backend=fsdp", f"trainer.num_ranks={ranks}", f"trainer.max_tokens_per_micro_batch={args.mb_tokens}",
         f"trainer.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         "ops.checkpoint_interval=0", "ops.progress=false", "ops.tensorboard=false", "ops.log_interval=1",
-        "eval.sets=[]",
+        "eval.sets=[]", f"rollout.partial_rollout={str(split and args.partial_rollout).lower()}",
     ]  # fmt: skip
     cfg = load_config(args.base_config, overrides)
     with GpuMemoryPeak() as mem:
@@ -162,6 +165,13 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--mb-tokens", type=int, default=32768, help="trainer tokens per micro-batch")
     p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument(
+        "--partial-rollout",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hybrid/fully_async: a weight push aborts in-flight requests, which resume under the new "
+        "weights (otherwise the push waits for them, and the next step's tail with them)",
+    )
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="a tiny model (CPU smoke run)")
@@ -196,7 +206,7 @@ def main() -> None:
         print(f"{mode}: {json.dumps(results[mode])}", flush=True)
     base = results.get("colocate", {}).get("steps_per_min")
     print(f"\nGPU e2e: {gpus} GPUs, {args.steps} steps ({args.warmup} warm-up), {args.prompts}x{args.n} "
-          f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}")  # fmt: skip
+          f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout}")  # fmt: skip
     head = (f"{'mode':<12}{'eng':>4}{'rk':>3}{'steps/min':>10}{'x coloc':>8}{'gen tok/s':>10}{'MFU':>7}"
             f"{'publish s':>10}{'sync s':>8}{'backend':>8}{'resp len':>9}{'reward':>14}  mem peak MiB")  # fmt: skip
     print(head)

@@ -72,6 +72,7 @@ class RolloutRole:
         self._plane = plane  # connected on first use (eval-only runs have no data plane)
         self.gate: StalenessGate | None = None
         self._ahead_task: asyncio.Task | None = None
+        self._step_error: BaseException | None = None  # the first failed step running ahead
         self._metrics: dict[int, dict[str, float]] = {}  # step -> rollout metrics, until collected
         self._ahead: dict[int, int] = {}  # step -> steps ahead of training when it started
         self._source_states: dict[int, dict] = {}  # step -> prompt position before it was drawn
@@ -155,27 +156,56 @@ class RolloutRole:
         self._ahead_task = asyncio.create_task(self._run_ahead(first_step))
 
     async def _run_ahead(self, step: int) -> None:
-        while step <= self.cfg.trainer.num_steps:
-            ahead = await self.gate.wait_until_may_start(step)
-            self._ahead[step] = ahead
-            await self.generate(step)
-            step += 1
+        """Start each step as soon as the staleness gate lets it, without waiting for the previous step's
+        slowest samples: the engines fill their batch with step s + 1's prompts while step s's long tail
+        decodes, so a step costs the engines' throughput rather than its longest response (the gate alone
+        bounds staleness, which counts from a sample's start). Overlapping steps draw prompts in turn, so
+        with dynamic sampling a step's extra rounds may come after the next step's first draw; a resume
+        then draws those few prompts again (none is skipped)."""
+        steps: set[asyncio.Task] = set()
+        try:
+            while step <= self.cfg.trainer.num_steps and self._step_error is None:
+                ahead = await self.gate.wait_until_may_start(step)
+                self._ahead[step] = ahead
+                task = asyncio.create_task(self.generate(step), name=f"rollout-step-{step}")
+                task.add_done_callback(self._step_done)
+                steps.add(task)
+                step += 1
+                await asyncio.sleep(0)  # the new step draws its prompts before the next one may start
+                steps = {t for t in steps if not t.done()}
+            if steps:
+                await asyncio.wait(steps, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in steps:
+                t.cancel()
+
+    def _step_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None and self._step_error is None:
+            self._step_error = task.exception()
+
+    def _failure(self) -> BaseException | None:
+        """The first failure of a running-ahead step (or of the loop that starts them)."""
+        if self._step_error is not None:
+            return self._step_error
+        task = self._ahead_task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
 
     async def metrics(self, step: int) -> dict[str, float]:
         """Wait until the background rollout finished step `step`; its metrics (re-raises its failure)."""
         while step not in self._metrics:
+            if (err := self._failure()) is not None:
+                raise err
             if self._ahead_task is None or self._ahead_task.done():
-                if self._ahead_task is not None and self._ahead_task.exception() is not None:
-                    raise self._ahead_task.exception()
                 raise RuntimeError(f"rollout is not running ahead; step {step} will never be generated")
             await asyncio.sleep(0.01)
         return {**self._metrics.pop(step), "staleness/rollout_ahead": float(self._ahead.pop(step, 0))}
 
     async def check(self) -> None:
         """Raise the background rollout's failure, if it failed."""
-        if self._ahead_task is not None and self._ahead_task.done() and not self._ahead_task.cancelled():
-            if self._ahead_task.exception() is not None:
-                raise self._ahead_task.exception()
+        if (err := self._failure()) is not None:
+            raise err
 
     async def begin_weight_update(self) -> None:
         """Before a weight push: abort (partial rollout) or wait for in-flight generation."""

@@ -40,12 +40,12 @@ class StepProducer:
         self.loop = loop
         self.source = source
 
-    async def _group(self, row: PromptRow, group_id: int) -> list[Sample]:
+    async def _group(self, row: PromptRow, group_id: int, stats: list) -> list[Sample]:
         samples = await self.loop._generate_group(row, group_id, self.loop.sampling_params())
         for s in samples:
             if not s.response_text and s.response_ids:
                 s.response_text = self.loop.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        self._stats.append(await self.loop.scorer.score(samples))
+        stats.append(await self.loop.scorer.score(samples))
         self.loop.after_scoring(samples)
         return samples
 
@@ -58,11 +58,13 @@ class StepProducer:
         written, rounds, informative = 0, 0, 0
         generated: list[Sample] = []
         held: list[list[Sample]] = []
-        self._stats = []
+        step_stats: list = []  # per produce call: steps running ahead overlap
         while written < want and rounds < rounds_max:
             rounds += 1
             rows = self.source.next_batch(want - written)
-            tasks = [asyncio.ensure_future(self._group(r, next_gid + i)) for i, r in enumerate(rows)]
+            tasks = [
+                asyncio.ensure_future(self._group(r, next_gid + i, step_stats)) for i, r in enumerate(rows)
+            ]
             next_gid += len(rows)
             try:
                 for fut in asyncio.as_completed(tasks):
@@ -82,8 +84,8 @@ class StepProducer:
         for group in held[: want - written]:  # rounds exhausted: fill with uninformative groups
             await sink(group)
             written += 1
-        stats = self._stats[0]
-        for more in self._stats[1:]:
+        stats = step_stats[0]
+        for more in step_stats[1:]:
             stats = stats.merge(more)
         metrics = {**rollout_metrics(generated, step), **stats.as_metrics()}
         if algo.dynamic_sampling:
