@@ -26,7 +26,7 @@ from relax.distributed.data_plane import (
     LOG_PROBS,
     REF_LOG_PROBS,
     DataPlane,
-    connect_data_plane,
+    PlaneClient,
     partition_name,
 )
 
@@ -46,7 +46,7 @@ def forward_log_probs(
     return out
 
 
-class ActorFwdRole:
+class ActorFwdRole(PlaneClient):
     def __init__(self, cfg: RelaxConfig, reference: bool = False, plane: DataPlane | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -63,7 +63,7 @@ class ActorFwdRole:
         self.device = resolve_device(cfg.trainer.device)
         self.model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=DTYPES[cfg.model.dtype])
         self.model.to(self.device).eval().requires_grad_(False)
-        self.plane = plane if plane is not None else connect_data_plane(cfg.resources.data_plane)
+        self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
         self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
         self._weights_changed = asyncio.Condition()
         self._task: asyncio.Task | None = None

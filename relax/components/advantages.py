@@ -27,7 +27,7 @@ from relax.distributed.data_plane import (
     RETURNS,
     ROLLOUT_COLUMNS,
     DataPlane,
-    connect_data_plane,
+    PlaneClient,
     partition_name,
 )
 
@@ -63,13 +63,13 @@ def needs_reference(cfg: RelaxConfig) -> bool:
     return get_algorithm(algo.name).needs_reference or algo.kl_coef > 0 or algo.reward_kl_coef > 0
 
 
-class AdvantagesRole:
+class AdvantagesRole(PlaneClient):
     def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
         from relax.utils.logging import setup_logging
 
         setup_logging()
         self.cfg = cfg
-        self.plane = plane if plane is not None else connect_data_plane(cfg.resources.data_plane)
+        self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
         self.inputs = ROLLOUT_COLUMNS + [LOG_PROBS] + ([REF_LOG_PROBS] if needs_reference(cfg) else [])
         self.step_metrics: dict[int, dict[str, float]] = {}
         self.task = f"advantages-{uuid.uuid4().hex[:8]}"  # a restarted replica is a new consumer

@@ -18,7 +18,7 @@ from relax.config import RelaxConfig
 from relax.data.dataset import PromptSource, load_prompt_files
 from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
-from relax.distributed.data_plane import DataPlane, connect_data_plane, partition_name
+from relax.distributed.data_plane import DataPlane, PlaneClient, partition_name
 from relax.engine.evaluator import Evaluator
 from relax.engine.rollout_loop import RolloutLoop
 from relax.engine.router import Router
@@ -30,7 +30,7 @@ from relax.rewards import build_scorer
 logger = logging.getLogger(__name__)
 
 
-class RolloutRole:
+class RolloutRole(PlaneClient):
     def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
         from transformers import AutoTokenizer
 
@@ -69,7 +69,8 @@ class RolloutRole:
         self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))
         self.evaluator = Evaluator(cfg, self.loop)
         self.producer = StepProducer(cfg, self.loop, self.source)
-        self._plane = plane  # connected on first use (eval-only runs have no data plane)
+        # connected on first use (eval-only runs have no data plane)
+        self._plane, self._plane_kind = plane, cfg.resources.data_plane
         self.gate: StalenessGate | None = None
         self._ahead_task: asyncio.Task | None = None
         self._step_error: BaseException | None = None  # the first failed step running ahead
@@ -129,12 +130,6 @@ class RolloutRole:
 
     def engine_urls(self) -> list[str]:
         return self.router.urls()
-
-    @property
-    def plane(self) -> DataPlane:
-        if self._plane is None:
-            self._plane = connect_data_plane(self.cfg.resources.data_plane)
-        return self._plane
 
     # -- training rollout: one step now (colocate) or running ahead (hybrid, fully_async) -----------
     async def generate(self, step: int) -> dict[str, float]:

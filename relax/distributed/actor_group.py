@@ -166,7 +166,7 @@ class TrainerGroup:
             ):
                 per_rank[r].append(subset(batch, [mini[j] for j in shard]))
         partials = self._call_sharded("train_minibatches", per_rank, loss_fn)
-        self.step += m
+        self.step += 1
         return merge_partials(partials)
 
     def named_weights(self, mode: str = "full") -> Iterator[tuple[str, torch.Tensor]]:

@@ -227,6 +227,25 @@ class RayDataPlane:
         ray.kill(self.actor)
 
 
+class PlaneClient:
+    """Mixin for roles: `self.plane` connects to the run's data plane on first use, not in the constructor,
+    so the Controller can start the plane while the roles' replicas start (`Controller._start_roles`).
+    A plane passed to the constructor (tests) is used as is."""
+
+    _plane: DataPlane | None = None
+    _plane_kind: str = "transferqueue"
+
+    @property
+    def plane(self) -> DataPlane:
+        if self._plane is None:
+            self._plane = connect_data_plane(self._plane_kind)
+        return self._plane
+
+    @plane.setter
+    def plane(self, plane: DataPlane | None) -> None:
+        self._plane = plane
+
+
 def create_data_plane(kind: str) -> DataPlane:
     """Called once by the Controller before the roles start: the shared plane of kind `kind`."""
     if kind == "transferqueue":

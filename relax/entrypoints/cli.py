@@ -82,7 +82,13 @@ def _describe(model, prefix: str = "") -> list[str]:
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from relax.models.tiny import count_parameters, write_tiny_model
 
-    path = write_tiny_model(args.out, family=args.family, seed=args.seed)
+    path = write_tiny_model(
+        args.out,
+        family=args.family,
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+    )
     from relax.models.multimodal_model import load_causal_lm
 
     n = count_parameters(load_causal_lm(path))
@@ -155,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="model family (qwen2, qwen3, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen2_5_omni, qwen3_omni)",
     )
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--hidden-size", type=int, default=64, help="hidden size (MLP width is 4x); default 64")
+    m.add_argument("--num-layers", type=int, default=2, help="decoder layers; default 2")
     m.set_defaults(fn=cmd_tiny_model)
 
     d = sub.add_parser("data", help="generate a toy prompt data set")

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from relax.components.metrics import MetricsRole
@@ -116,15 +117,21 @@ class Controller:
         gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
         self._gpu_group = gpus.ensure_gpu_group(self.cfg, gpus.cluster_gpus())
         service.start_serve()
-        self.plane = create_data_plane(r.data_plane)
         specs = [
             RoleSpec("metrics", MetricsRole, 0.25, {"resume_step": resume_step}),
             *roles_for_mode(r.mode, self.cfg),
         ]
         self.specs = {spec.name: spec for spec in specs}
         self.health.known.clear()
-        for name in self.specs:
-            self.handles[name] = self._deploy(name)
+        # The data plane (TransferQueue's controller and storage units: ~15 s of process start-up on a
+        # small host) starts while the roles' replicas start; roles connect to it on first use, which
+        # is after this method returns.
+        with ThreadPoolExecutor(1, thread_name_prefix="data-plane") as pool:
+            plane = pool.submit(create_data_plane, r.data_plane)
+            try:
+                self.handles.update(service.deploy_roles([self._role(name) for name in self.specs]))
+            finally:
+                self.plane = plane.result()
         self.health.watch(list(self.specs))
         self.rollout, self.actor, self.metrics = (
             self.handles["rollout"],
@@ -136,19 +143,20 @@ class Controller:
         urls = self.rollout.engine_urls.remote().result()
         self.actor.connect_engines.remote(urls + self.flow.receivers).result()
 
-    def _deploy(self, name: str, **override):
+    def _role(self, name: str, **override) -> service.RoleDeployment:
         spec = self.specs[name]
-        kwargs = {**spec.kwargs, **override}
-        hb = self.cfg.ops.heartbeat_interval_s
-        return service.deploy_role(
+        return service.RoleDeployment(
             name,
             spec.cls,
-            self.cfg,
+            (self.cfg,),
+            {**spec.kwargs, **override},
             num_cpus=spec.num_cpus,
             num_gpus=gpus.role_gpus(self.cfg, name),
-            heartbeat_s=hb,
-            **kwargs,
+            heartbeat_s=self.cfg.ops.heartbeat_interval_s,
         )
+
+    def _deploy(self, name: str, **override):
+        return service.deploy_roles([self._role(name, **override)])[name]
 
     def _redeploy(self, name: str):
         """Restart role `name` in place (the HealthManager's call); a new Metrics replica appends."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -17,8 +18,18 @@ RAY_ENV_DEFAULTS = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "
 
 
 def set_ray_env_defaults() -> None:
+    """Set before Ray starts, so every worker it spawns inherits them."""
     for k, v in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
+    # TransferQueue asks for 8 torch threads per put/get and logs a warning on every call when the host
+    # has fewer physical cores; ask for what is there.
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        cores = os.cpu_count() or 1
+    os.environ.setdefault("TQ_NUM_THREADS", str(min(8, cores)))
 
 
 def start_ray(address: str | None, num_cpus: int, object_store_mb: int, num_gpus: int | None = None) -> bool:
@@ -49,18 +60,16 @@ def start_serve() -> None:
     serve.start(proxy_location="Disabled")
 
 
-def deploy_role(
+def _application(
     name: str,
     cls: type,
-    *args: Any,
-    num_cpus: float = 1.0,
-    num_gpus: float = 0.0,
-    max_ongoing_requests: int = 16,
-    heartbeat_s: float | None = None,
-    **kwargs: Any,
+    args: tuple,
+    kwargs: dict[str, Any],
+    num_cpus: float,
+    num_gpus: float,
+    max_ongoing_requests: int,
+    heartbeat_s: float | None,
 ):
-    """Deploy `cls(*args, **kwargs)` as the Serve application `name` with one replica; return its handle.
-    With `heartbeat_s` the replica posts a heartbeat as `name` that often (`relax.ops.heartbeat`)."""
     from ray import serve
 
     if heartbeat_s is not None:
@@ -77,9 +86,81 @@ def deploy_role(
         health_check_timeout_s=60,
         graceful_shutdown_timeout_s=20,
     )
-    handle = serve.run(deployment.bind(*args, **kwargs), name=name, route_prefix=None)
+    return deployment.bind(*args, **kwargs)
+
+
+def deploy_role(
+    name: str,
+    cls: type,
+    *args: Any,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    max_ongoing_requests: int = 16,
+    heartbeat_s: float | None = None,
+    **kwargs: Any,
+):
+    """Deploy `cls(*args, **kwargs)` as the Serve application `name` with one replica; return its handle.
+    With `heartbeat_s` the replica posts a heartbeat as `name` that often (`relax.ops.heartbeat`)."""
+    from ray import serve
+
+    app = _application(name, cls, args, kwargs, num_cpus, num_gpus, max_ongoing_requests, heartbeat_s)
+    handle = serve.run(app, name=name, route_prefix=None)
     logger.info("role %s is up", name)
     return handle
+
+
+@dataclass
+class RoleDeployment:
+    """One role for `deploy_roles`: the Serve application `name` running `cls(*args, **kwargs)`."""
+
+    name: str
+    cls: type
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    max_ongoing_requests: int = 16
+    heartbeat_s: float | None = None
+
+
+def deploy_roles(roles: list[RoleDeployment]) -> dict[str, Any]:
+    """Deploy every role at once and wait until all are running; return their handles by name.
+
+    The replicas start in parallel (each imports torch and loads its model), which takes a run's start-up
+    from the sum of the roles' start times to about the longest one. Roles must not call each other in
+    their constructors (none does: they meet through the data plane and the Controller). Falls back to
+    one `serve.run` after another where `serve.run_many` is missing (Ray < 2.41).
+    """
+    from ray import serve
+
+    run_many = getattr(serve, "run_many", None)
+    if run_many is None or len(roles) < 2:
+        return {
+            r.name: deploy_role(
+                r.name,
+                r.cls,
+                *r.args,
+                num_cpus=r.num_cpus,
+                num_gpus=r.num_gpus,
+                max_ongoing_requests=r.max_ongoing_requests,
+                heartbeat_s=r.heartbeat_s,
+                **r.kwargs,
+            )
+            for r in roles
+        }
+    targets = [
+        serve.RunTarget(
+            _application(
+                r.name, r.cls, r.args, r.kwargs, r.num_cpus, r.num_gpus, r.max_ongoing_requests, r.heartbeat_s
+            ),
+            name=r.name,
+            route_prefix=None,
+        )
+        for r in roles
+    ]
+    handles = run_many(targets, wait_for_applications_running=True)
+    logger.info("roles %s are up", ", ".join(r.name for r in roles))
+    return {r.name: h for r, h in zip(roles, handles, strict=True)}
 
 
 def delete_role(name: str) -> None:

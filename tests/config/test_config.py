@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -89,3 +91,10 @@ def test_dump_round_trip(cfg_file, tmp_path):
     dump_config(cfg, out)
     again = load_config(out)
     assert again == cfg
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_validates(path):
+    """The shipped examples stay valid as the schema changes (the e2e tests start from tests/toy_arith.yaml)."""
+    cfg = load_config(path)
+    assert cfg.trainer.num_steps > 0

@@ -31,7 +31,7 @@ SMOKE_STEPS = 3
 
 def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path) -> list[dict]:
     cfg = load_config(
-        "examples/quickstart.yaml",
+        "tests/toy_arith.yaml",
         [
             f"model.path={tiny_model_dir}",
             f"data.train_files=[{arith_file}]",

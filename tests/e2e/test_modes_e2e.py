@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def mode_config(tiny_model_dir, arith_file, out_dir, mode, steps, extra=()):
     return load_config(
-        "examples/quickstart.yaml",
+        "tests/toy_arith.yaml",
         [
             f"model.path={tiny_model_dir}",
             f"data.train_files=[{arith_file}]",
@@ -50,7 +50,7 @@ def test_mode_learns(ray_cluster, tiny_model_dir, arith_file, tmp_path, mode):
     rows = read_metrics(cfg)
     rewards = [r["rollout/reward_mean"] for r in rows]
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
-    # quickstart's settings pass 0.5 in ~100 steps; over 30 steps the window means rise by ~0.05
+    # tests/toy_arith.yaml on the 0.16 M model: over 30 steps the window means rise by ~0.05
     assert last > first + 0.03, (mode, rewards)
     assert max(r["staleness/max"] for r in rows) <= cfg.resources.max_staleness
 

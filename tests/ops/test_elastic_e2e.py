@@ -179,7 +179,7 @@ def _answers(url: str) -> bool:
 
 def test_elastic_scaling_during_training(ray_cluster, tiny_model_dir, arith_file, tmp_path):
     cfg = load_config(
-        "examples/quickstart.yaml",
+        "tests/toy_arith.yaml",
         [
             f"model.path={tiny_model_dir}",
             f"data.train_files=[{arith_file}]",

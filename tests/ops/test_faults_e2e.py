@@ -28,7 +28,7 @@ WAIT_S = 300.0  # generous: the machine may be loaded
 
 def fault_config(tiny_model_dir, arith_file, out_dir, name, notify_url, *extra):
     return load_config(
-        "examples/quickstart.yaml",
+        "tests/toy_arith.yaml",
         [
             f"model.path={tiny_model_dir}",
             f"data.train_files=[{arith_file}]",

@@ -55,7 +55,7 @@ def test_unreachable_endpoint_does_not_raise():
 
 def _cfg(tiny_model_dir, arith_file, tmp_path, *extra):
     return load_config(
-        "examples/quickstart.yaml",
+        "tests/toy_arith.yaml",
         [
             f"model.path={tiny_model_dir}",
             f"data.train_files=[{arith_file}]",

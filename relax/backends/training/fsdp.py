@@ -67,7 +67,7 @@ class FSDPWorker:
         # False keeps each layer's gathered (bf16) weights from forward to backward: no second gather,
         # at the memory of one unsharded model copy (what one rank holds anyway, in fp32)
         self.reshard_after_forward = reshard_after_forward
-        self.step = 0  # optimizer steps taken == the weight version of the current parameters
+        self.step = 0  # training steps taken (num_mini_batches optimizer steps each) == the weight version
 
     # -- set-up ------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
@@ -194,7 +194,9 @@ class FSDPWorker:
         to be merged over ranks with `merge_partials`."""
         longest = max([max(m.response_lens(), default=1) for m in minis], default=1)
         max_len = int(self._all_reduce([longest], dist.ReduceOp.MAX)[0])
-        return [self._optimizer_step(mini, loss_fn, max_len) for mini in minis]
+        out = [self._optimizer_step(mini, loss_fn, max_len) for mini in minis]
+        self.step += 1
+        return out
 
     def _optimizer_step(self, mini: TrainBatch, loss_fn: LossFn, max_len: int) -> dict[str, Any]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -225,7 +227,6 @@ class FSDPWorker:
         else:
             logger.warning("non-finite grad norm %s at step %d: update skipped", grad_norm, self.step)
         self.scheduler.step()
-        self.step += 1
         return {
             "loss": loss_total,
             "weighted": weighted,

@@ -127,7 +127,9 @@ class TorchTrainer:
         )
         steps = total_steps * cfg.num_mini_batches
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, steps))
-        self.step = 0  # optimizer steps taken == the weight version of the current parameters
+        # Training steps taken (each is num_mini_batches optimizer steps): the weight version of the
+        # current parameters, the step a checkpoint resumes at, and what staleness is counted in.
+        self.step = 0
 
     # -- forward-only ------------------------------------------------------------------------
     @torch.no_grad()
@@ -153,6 +155,7 @@ class TorchTrainer:
             metrics = self._optimizer_step(batch, mini, loss_fn)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v / len(minis)
+        self.step += 1
         return totals
 
     def _optimizer_step(self, batch: TrainBatch, mini: list[int], loss_fn: LossFn) -> dict[str, float]:
@@ -194,7 +197,6 @@ class TorchTrainer:
         else:
             logger.warning("non-finite grad norm %s at step %d: update skipped", grad_norm, self.step)
         self.scheduler.step()
-        self.step += 1
         out = {f"train/{k}": v / max(weight_sum, 1.0) for k, v in weighted.items()}
         out.update({"train/loss": loss_total, "train/grad_norm": float(grad_norm), "train/lr": lr})
         return out

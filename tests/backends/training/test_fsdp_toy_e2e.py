@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 30
 WINDOW = 6
-MARGIN = 0.03  # as the per-algorithm tests: the quickstart settings gain 0.08-0.25 over 30 steps
+MARGIN = 0.03  # as the per-algorithm tests: the toy settings (tests/toy_arith.yaml) gain 0.08-0.25 over 30 steps
 
 
 def toy_config(example: str, tiny_model_dir, arith_file, out_dir, steps: int = STEPS):

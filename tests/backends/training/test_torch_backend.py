@@ -93,3 +93,16 @@ def test_checkpoint_round_trip(tiny_model_dir, tmp_path):
     tr2.train_batch(b, loss_fn)  # the restored optimizer state must give the same second step
     for k, v in tr2.model.state_dict().items():
         torch.testing.assert_close(v, after_two[k], atol=1e-6, rtol=1e-5)
+
+
+def test_weight_version_counts_training_steps_not_mini_batches(tiny_model_dir):
+    """With num_mini_batches=3 one step takes three optimizer steps, but the policy moves one version:
+    staleness, sample versions and the resume step are all counted in training steps."""
+    tr = TorchTrainer(str(tiny_model_dir), TrainerConfig(lr=1e-2, num_mini_batches=3), total_steps=4)
+    b = make_batch()
+    b.old_log_probs = tr.compute_log_probs(b)
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.train_batch(b, make_policy_loss(AlgorithmConfig()))
+    assert tr.step == 1
+    assert tr.scheduler.last_epoch == 3  # the schedule still advances per optimizer step
+    assert any(not torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())
