@@ -252,7 +252,12 @@ class TrainerConfig(Section):
     max_tokens_per_micro_batch: int = Field(
         8192, gt=0, description="Token budget of one micro-batch (dynamic batch size)."
     )
-    num_mini_batches: int = Field(1, gt=0, description="Optimizer steps per rollout batch.")
+    num_mini_batches: int = Field(
+        1,
+        gt=0,
+        description="Optimizer steps per rollout batch (PPO mini-batches); the weight version still "
+        "advances by one per training step.",
+    )
     threads: int = Field(2, gt=0, description="torch intra-op threads of the trainer (CPU).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Trainer device.")
     backend: Literal["torch", "fsdp"] = Field(

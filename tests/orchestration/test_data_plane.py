@@ -67,3 +67,18 @@ def test_transferqueue_data_plane_contract(ray_cluster):
         asyncio.run(contract(plane))
     finally:
         asyncio.run(plane.close())
+
+
+def test_roles_connect_to_the_plane_on_first_use():
+    """Roles are built while the Controller still starts the plane: construction must not connect."""
+    from relax.distributed.data_plane import PlaneClient
+
+    class Role(PlaneClient):
+        def __init__(self, kind: str, plane=None) -> None:
+            self._plane, self._plane_kind = plane, kind
+
+    role = Role("no-such-plane")  # would fail here if the constructor connected
+    with pytest.raises(ValueError, match="unknown resources.data_plane 'no-such-plane'"):
+        _ = role.plane
+    given = LocalDataPlane()
+    assert Role("no-such-plane", given).plane is given
