@@ -67,7 +67,9 @@ def run_one(setting: dict) -> dict:
     torch.set_num_threads(1)
     s = setting
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_tiny_model(Path(tmp) / "m", hidden_size=s["hidden"], seed=s["seed"])
+        path = write_tiny_model(
+            Path(tmp) / "m", hidden_size=s["hidden"], seed=s["seed"], init_std=s["init_std"] or None
+        )
         train = [
             json.loads(x) for x in generate_arith(Path(tmp) / "t.jsonl", n=2000).read_text().splitlines()
         ]
@@ -77,12 +79,18 @@ def run_one(setting: dict) -> dict:
         ]
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if s["lora"]:
+        from relax.backends.training.lora import wrap_lora
+        from relax.config.schema import LoraConfig
+
+        model = wrap_lora(model, LoraConfig(rank=s["lora"], alpha=2.0 * s["lora"]))
     torch.manual_seed(s["seed"])
     rng = random.Random(s["seed"])
     stop = {tok.eos_token_id, tok.pad_token_id}
     cfg = AlgorithmConfig(name="grpo", entropy_coef=s["entropy"])
     loss_fn = make_policy_loss(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=s["lr"], weight_decay=0.0)
     n, max_new, history = s["n"], 4, []
 
     def decode(ids, length):
@@ -120,7 +128,7 @@ def run_one(setting: dict) -> dict:
             loss, _ = loss_fn(inputs)
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
     prompts = torch.tensor([tok(r["prompt"])["input_ids"] for r in evals])
     out, lens = _sample(model, prompts, max_new, stop, tok.pad_token_id, greedy=True)
@@ -138,6 +146,8 @@ def main() -> int:
     p.add_argument("--mini-batches", default="4", help="comma-separated optimizer steps per rollout")
     p.add_argument("--lr", default="5e-4", help="comma-separated learning rates")
     p.add_argument("--entropy", default="0.02", help="comma-separated entropy bonus coefficients")
+    p.add_argument("--lora", default="0", help="comma-separated LoRA ranks (alpha = 2 r); 0 = all weights")
+    p.add_argument("--init-std", default="0", help="comma-separated init stds of the model; 0 = default")
     p.add_argument("--seeds", type=int, default=4, help="seeds per setting (model init and sampling)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--prompts", type=int, default=64)
@@ -150,27 +160,35 @@ def main() -> int:
             "mini_batches": int(m),
             "lr": lr,
             "entropy": e,
+            "lora": int(r),
+            "init_std": sd,
             "seed": seed,
             "steps": a.steps,
             "prompts": a.prompts,
             "n": a.n,
         }
-        for h, m, lr, e, seed in itertools.product(
-            _floats(a.hidden), _floats(a.mini_batches), _floats(a.lr), _floats(a.entropy), range(a.seeds)
+        for h, m, lr, e, r, sd, seed in itertools.product(
+            _floats(a.hidden),
+            _floats(a.mini_batches),
+            _floats(a.lr),
+            _floats(a.entropy),
+            _floats(a.lora),
+            _floats(a.init_std),
+            range(a.seeds),
         )
     ]
     print(f"{len(settings)} runs of {a.steps} steps, {a.workers} at a time", file=sys.stderr)
     results: dict[tuple, list[dict]] = {}
     with ProcessPoolExecutor(a.workers) as pool:
         for done, r in enumerate(pool.map(run_one, settings), 1):
-            key = (r["hidden"], r["mini_batches"], r["lr"], r["entropy"])
+            key = (r["hidden"], r["mini_batches"], r["lr"], r["entropy"], r["lora"], r["init_std"])
             results.setdefault(key, []).append(r)
             print(f"[{done}/{len(settings)}] {json.dumps(r)}", file=sys.stderr)
-    print("hidden  mini_batches  lr       entropy  last10 min  last10 median  eval median")
-    for (h, m, lr, e), rs in sorted(results.items()):
+    print("hidden  mini_batches  lr       entropy  lora  init_std  last10 min  last10 median  eval median")
+    for (h, m, lr, e, lo, sd), rs in sorted(results.items()):
         last = [r["last10"] for r in rs]
         print(
-            f"{h:<7} {m:<13} {lr:<8g} {e:<8g} {min(last):<11.3f} {statistics.median(last):<14.3f} "
+            f"{h:<7} {m:<13} {lr:<8g} {e:<8g} {lo:<5} {sd:<9g} {min(last):<11.3f} {statistics.median(last):<14.3f} "
             f"{statistics.median(r['eval'] for r in rs):.3f}"
         )
     return 0

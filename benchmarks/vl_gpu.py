@@ -4,8 +4,10 @@ Writes the random model (its config shaped like Qwen2.5-VL-3B-Instruct: 36 layer
 / 2 KV heads, MLP 11008, vocab 151936; a 32-block, 1280-wide vision tower) with the tiny in-process
 tokenizer and the processor config, generates synthetic colour images, then per step: processes the
 prompts with `MultimodalProcessor`, generates `--n` responses per prompt on the embedded engine (with
-the vision encoder in its prefill), recomputes log-probs and takes an optimizer step on `TorchTrainer`
-with the same pixel values, and copies the new weights into the engine.
+the vision encoder in its prefill), recomputes log-probs and takes an optimizer step on one FSDP2 rank
+(the trainer Relax runs; bf16 compute over fp32 master weights, activation checkpointing through the
+vision tower and the decoder, the chunked log-prob head) with the same pixel values, and streams the new
+weights into the engine.
 
     python benchmarks/vl_gpu.py                       # CUDA, bf16 engine, fp32 master weights
     python benchmarks/vl_gpu.py --tiny --device cpu   # a CPU smoke run on the tiny Qwen2.5-VL
@@ -95,6 +97,14 @@ def write_model(out: Path, tiny: bool) -> Path:
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda")
@@ -104,14 +114,18 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8, help="responses per prompt")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--image-size", type=int, default=448, help="image side in pixels (448 -> 256 tokens)")
-    p.add_argument("--master-dtype", default="float32", help="trainer weights (float32 or bfloat16)")
+    p.add_argument("--micro-tokens", type=int, default=8192, help="trainer tokens per micro-batch")
+    p.add_argument("--kv-tokens", type=int, default=65536, help="engine KV-cache capacity in tokens")
+    p.add_argument(
+        "--no-grad-ckpt", action="store_true", help="keep activations (the 3B shape then needs >139 GB)"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     from relax.algorithms.config import AlgorithmConfig
     from relax.algorithms.pipeline import make_policy_loss
     from relax.backends.inference.embedded.engine import EmbeddedEngine
-    from relax.backends.training.torch_backend import TorchTrainer
+    from relax.backends.training.fsdp import FSDPWorker, merge_partials
     from relax.config.schema import MediaConfig, TrainerConfig
     from relax.data.batch import TrainBatch
     from relax.data.multimodal import MultimodalProcessor
@@ -129,9 +143,22 @@ def main() -> None:
         color_image(random.Random(i).choice(list(COLORS)), rng, args.image_size).save(work / f"{i}.png")
 
     engine_dtype = "bfloat16" if cuda else "float32"
-    engine = EmbeddedEngine(str(path), device=args.device, dtype=engine_dtype, seed=0).start()
-    tcfg = TrainerConfig(device=args.device, lr=1e-6, max_tokens_per_micro_batch=8192, threads=2)
-    trainer = TorchTrainer(str(path), tcfg, dtype=args.master_dtype, total_steps=args.steps)
+    engine = EmbeddedEngine(
+        str(path), device=args.device, dtype=engine_dtype, seed=0, max_total_tokens=args.kv_tokens
+    ).start()
+    engine_gb = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
+    tcfg = TrainerConfig(
+        backend="fsdp",
+        device=args.device,
+        lr=1e-6,
+        max_tokens_per_micro_batch=args.micro_tokens,
+        threads=2,
+        gradient_checkpointing=not args.no_grad_ckpt,
+        mixed_precision="bf16" if cuda else "none",
+    )
+    trainer = FSDPWorker(str(path), tcfg, dtype="float32", total_steps=args.steps)
+    trainer.setup("127.0.0.1", _free_port())
+    trainer_gb = torch.cuda.memory_allocated() / 2**30 - engine_gb if cuda else 0.0
     loss_fn = make_policy_loss(AlgorithmConfig())
     params = {"n": args.n, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "ignore_eos": True}
     step_s, gen_s, train_s, sync_s, gen_tokens, diffs = [], [], [], [], [], []
@@ -178,25 +205,27 @@ def main() -> None:
         batch.advantages = [
             torch.full((len(r),), 1.0 if batch.rewards[i] else -1.0) for i, r in enumerate(responses)
         ]
-        metrics = trainer.train_batch(batch, loss_fn)
+        metrics = merge_partials([trainer.train_minibatches([batch], loss_fn)])
         if cuda:
             torch.cuda.synchronize()
         train_s.append(time.perf_counter() - t)
         t = time.perf_counter()
-        engine.update_weights(
-            ((k, v.to(getattr(torch, engine_dtype))) for k, v in trainer.named_weights()), str(step + 1)
-        )
+        engine.update_weights(trainer.weight_stream("full", getattr(torch, engine_dtype)), str(step + 1))
+        if cuda:
+            torch.cuda.synchronize()
         sync_s.append(time.perf_counter() - t)
         step_s.append(time.perf_counter() - t_step)
         logger.info(
-            "step %d: %.1f s (gen %.1f, train %.1f), loss %.4f",
+            "step %d: %.1f s (gen %.1f, train %.1f), loss %.4f, peak %.1f GB",
             step + 1,
             step_s[-1],
             gen_s[-1],
             train_s[-1],
             metrics["train/loss"],
+            torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         )
     engine.shutdown()
+    trainer.shutdown()
     steady = step_s[1:] or step_s
     out = {
         "model": "qwen2.5-vl-3b-shape (random)" if not args.tiny else "tiny-qwen2.5-vl",
@@ -212,6 +241,11 @@ def main() -> None:
         "weight_sync_s": round(statistics.fmean(sync_s), 3),
         "first_step_s": round(step_s[0], 3),
         "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "engine_memory_gb": round(engine_gb, 2),
+        "trainer_memory_gb": round(trainer_gb, 2),
+        "kv_tokens": args.kv_tokens,
+        "gradient_checkpointing": not args.no_grad_ckpt,
+        "micro_tokens": args.micro_tokens,
         "engine_trainer_logp_max_diff": round(max(diffs), 4),
         "model_write_s": round(write_s, 1),
     }

@@ -88,6 +88,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
         seed=args.seed,
         hidden_size=args.hidden_size,
         num_layers=args.num_layers,
+        init_std=args.init_std,
     )
     from relax.models.multimodal_model import load_causal_lm
 
@@ -163,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--hidden-size", type=int, default=64, help="hidden size (MLP width is 4x); default 64")
     m.add_argument("--num-layers", type=int, default=2, help="decoder layers; default 2")
+    m.add_argument(
+        "--init-std",
+        type=float,
+        default=None,
+        help="std of the random weights (default 0.02); larger gives a sharper random head, which a "
+        "LoRA run on a random base needs",
+    )
     m.set_defaults(fn=cmd_tiny_model)
 
     d = sub.add_parser("data", help="generate a toy prompt data set")

@@ -153,12 +153,16 @@ def write_tiny_model(
     seed: int = 0,
     dtype: str = "float32",
     tokenizer: PreTrainedTokenizerBase | None = None,
+    init_std: float | None = None,
 ) -> Path:
     """Write a random-initialised `family` checkpoint with a tiny tokenizer to `out_dir`; return the path.
 
     `intermediate_size` defaults to 4 * hidden_size. With the defaults a Qwen2 model has about 0.16 M
     parameters. Pass `tokenizer` to reuse one (it must have at most `vocab_size` tokens); otherwise a
     tokenizer of `vocab_size` tokens is trained. Same arguments and seed give the same weights.
+    `init_std` overrides the family's `initializer_range` (0.02): the std of every linear and embedding
+    weight. With tied embeddings and a frozen head (LoRA) the logits are bounded by
+    sqrt(hidden_size) * |embedding row|, so a random base needs a larger std to let adapters sharpen it.
     """
     spec = get_family(family)
     if dtype not in _DTYPES:
@@ -181,6 +185,12 @@ def write_tiny_model(
     )
     config = spec.build_config(dims, tokenizer)
     config.dtype = dtype
+    if init_std is not None:
+        if init_std <= 0:
+            raise ValueError(f"init_std must be positive, got {init_std}")
+        for c in (config, getattr(config, "text_config", None)):
+            if c is not None:
+                c.initializer_range = init_std
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = spec.model_class(config).to(_DTYPES[dtype])

@@ -141,7 +141,23 @@ def test_same_seed_same_weights(tmp_path, tok):
 
 
 def test_bad_family(tmp_path):
-    with pytest.raises(ValueError, match="unknown tiny model family 'llama'; valid families: qwen2, qwen2_5_omni, qwen2_5_vl, qwen2_vl, qwen3,"):
+    with pytest.raises(
+        ValueError,
+        match="unknown tiny model family 'llama'; valid families: qwen2, qwen2_5_omni, qwen2_5_vl, qwen2_vl, qwen3,",
+    ):
         write_tiny_model(tmp_path, "llama")
     with pytest.raises(ValueError, match="valid families"):
         get_family("qwen9")
+
+
+def test_init_std_sets_the_weight_scale(tmp_path, tok):
+    """`init_std` scales every linear and embedding weight (a sharper random head for LoRA bases)."""
+    default = AutoModelForCausalLM.from_pretrained(write_tiny_model(tmp_path / "d", tokenizer=tok))
+    sharp = AutoModelForCausalLM.from_pretrained(
+        write_tiny_model(tmp_path / "s", tokenizer=tok, init_std=0.3)
+    )
+    for model, std in ((default, 0.02), (sharp, 0.3)):
+        for w in (model.model.embed_tokens.weight, model.model.layers[0].mlp.up_proj.weight):
+            assert abs(float(w.std()) - std) < 0.1 * std
+    with pytest.raises(ValueError, match="init_std must be positive"):
+        write_tiny_model(tmp_path / "bad", tokenizer=tok, init_std=0.0)

@@ -32,7 +32,12 @@ from relax.algorithms.pipeline import PolicyLossInputs, ValueLossInputs
 from relax.backends.training import forward as fw
 from relax.backends.training import lora
 from relax.backends.training.base import LossFn
-from relax.backends.training.torch_backend import DTYPES, lr_lambda, resolve_device
+from relax.backends.training.torch_backend import (
+    DTYPES,
+    enable_activation_checkpointing,
+    lr_lambda,
+    resolve_device,
+)
 from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch, pack_micro_batches, pad_ragged
 
@@ -120,8 +125,12 @@ class FSDPWorker:
         master = torch.float32 if self.mp_dtype is not None else DTYPES[self.dtype]
         model: nn.Module = load_causal_lm(self.model_path, dtype=master)
         no_split = set(getattr(model, "_no_split_modules", None) or [])
-        if trainable and self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if trainable:
+            # `from_pretrained` returns the model in eval mode, and Hugging Face layers checkpoint only in
+            # training mode: without this, `gradient_checkpointing` kept every activation.
+            model.train()
+            if self.cfg.gradient_checkpointing:
+                enable_activation_checkpointing(model)
         if trainable and self.cfg.lora is not None:
             model = lora.wrap_lora(model, self.cfg.lora)
         if self.critic:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from relax.algorithms.pipeline import PolicyLossInputs
@@ -99,6 +100,19 @@ def response_log_probs(
     return logp_BT, entropy_BT, rlen
 
 
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder (and vision) layer's activations in backward; needs `model.train()`.
+
+    transformers >= 5.2 names it `activation_checkpointing_enable` (the old name warns); both take the
+    `torch.utils.checkpoint` options, here the non-reentrant variant that FSDP2 and `torch.compile` need.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class TorchTrainer:
     """A causal LM with an optimizer on one device; the Actor/ActorFwd/Reference roles wrap it."""
 
@@ -118,6 +132,8 @@ class TorchTrainer:
         self.device = resolve_device(cfg.device)
         self.model = load_causal_lm(model_path, dtype=DTYPES[dtype]).to(self.device)
         self.model.train()
+        if cfg.gradient_checkpointing:
+            enable_activation_checkpointing(self.model)
         self.ref_model = None
         if with_reference:
             self.ref_model = load_causal_lm(model_path, dtype=DTYPES[dtype])
