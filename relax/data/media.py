@@ -6,7 +6,7 @@ A media reference is a string:
 * a `file://` URL of a local file,
 * a data URI `data:<mime>;base64,<payload>`, or a bare base64 payload (SGLang accepts both).
 
-Images: any format Pillow reads. Audio: WAV (PCM 8/16/32-bit or float) or `.npy` (float samples at
+Images: any format Pillow reads. Audio: WAV (integer PCM of 8/16/24/32 bits, or 32/64-bit float) or `.npy` (float samples at
 `DEFAULT_NPY_RATE` Hz unless the name ends in `.<rate>hz.npy`), mixed down to mono and resampled to the
 feature extractor's rate. Videos: an animated GIF/WebP (frame rate from the frame durations), a `.npy`
 array [T, H, W, 3] (uint8; `DEFAULT_VIDEO_FPS`), or a folder of frame images (sorted by name).
@@ -126,17 +126,43 @@ def load_video(ref: str, where: str = "") -> Video:
 
 
 def _read_wav(src: str | io.BytesIO) -> tuple[np.ndarray, int]:
-    with wave.open(src, "rb") as w:
-        rate, channels, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
-        raw = w.readframes(w.getnframes())
-    if width == 1:
+    """Mono float32 samples and the rate of a RIFF/WAVE file: integer PCM of 8, 16, 24 or 32 bits or
+    IEEE float of 32 or 64 bits, plain or WAVE_FORMAT_EXTENSIBLE (the stdlib `wave` reads PCM only)."""
+    buf = src.getvalue() if isinstance(src, io.BytesIO) else Path(src).read_bytes()
+    if buf[:4] != b"RIFF" or buf[8:12] != b"WAVE":
+        raise ValueError("not a RIFF/WAVE file")
+    fmt, raw, pos = None, None, 12
+    while pos + 8 <= len(buf) and (fmt is None or raw is None):
+        cid, size = buf[pos : pos + 4], int.from_bytes(buf[pos + 4 : pos + 8], "little")
+        body = buf[pos + 8 : pos + 8 + size]
+        if cid == b"fmt ":
+            fmt = body
+        elif cid == b"data":
+            raw = body
+        pos += 8 + size + (size & 1)  # chunks are word-aligned
+    if fmt is None or raw is None:
+        raise ValueError("WAV file without a fmt or data chunk")
+    tag, channels, rate = (int.from_bytes(fmt[a:b], "little") for a, b in ((0, 2), (2, 4), (4, 8)))
+    bits = int.from_bytes(fmt[14:16], "little")
+    if tag == 0xFFFE and len(fmt) >= 26:  # WAVE_FORMAT_EXTENSIBLE: the sub-format GUID starts with the tag
+        tag = int.from_bytes(fmt[24:26], "little")
+    width = bits // 8
+    raw = raw[: len(raw) - len(raw) % (width * channels)] if width and channels else raw
+    if tag == 3 and bits in (32, 64):
+        x = np.frombuffer(raw, "<f4" if bits == 32 else "<f8").astype(np.float32)
+    elif tag == 1 and bits == 8:
         x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width == 2:
+    elif tag == 1 and bits == 16:
         x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-    elif width == 4:
+    elif tag == 1 and bits == 24:
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+        x = ((b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)) << 8 >> 8).astype(np.float32) / 8388608.0
+    elif tag == 1 and bits == 32:
         x = np.frombuffer(raw, "<i4").astype(np.float32) / 2147483648.0
     else:
-        raise ValueError(f"unsupported WAV sample width {width} bytes")
+        raise ValueError(
+            f"unsupported WAV encoding (format tag {tag}, {bits} bits); use integer PCM or 32/64-bit float"
+        )
     return x.reshape(-1, channels).mean(axis=1), rate
 
 

@@ -60,6 +60,49 @@ def test_audio_resampled_to_target_rate(media):
     assert len(resample(np.ones(100, np.float32), 100, 50)) == 50
 
 
+def _wav_bytes(tag: int, bits: int, data: bytes, channels: int = 1, rate: int = 8000) -> bytes:
+    """A RIFF/WAVE file by hand (the stdlib writes integer PCM only)."""
+    extensible = tag == 0xFFFE
+    fmt = (
+        (0xFFFE if extensible else tag).to_bytes(2, "little")
+        + channels.to_bytes(2, "little")
+        + rate.to_bytes(4, "little")
+        + (rate * channels * bits // 8).to_bytes(4, "little")
+        + (channels * bits // 8).to_bytes(2, "little")
+        + bits.to_bytes(2, "little")
+    )
+    if extensible:  # cbSize, valid bits, channel mask, sub-format GUID (IEEE float)
+        fmt += (22).to_bytes(2, "little") + bits.to_bytes(2, "little") + (4).to_bytes(4, "little")
+        fmt += (3).to_bytes(2, "little") + bytes(14)
+    chunks = b"fmt " + len(fmt).to_bytes(4, "little") + fmt + b"data" + len(data).to_bytes(4, "little") + data
+    return b"RIFF" + (4 + len(chunks)).to_bytes(4, "little") + b"WAVE" + chunks
+
+
+def test_wav_encodings_read_the_same_samples(tmp_path):
+    """Integer PCM (8/16/24/32 bits), 32/64-bit float, WAVE_FORMAT_EXTENSIBLE and stereo all decode to
+    the same mono samples; an unknown encoding names itself and the fix."""
+    want = np.array([0.0, 0.5, -0.5, 0.25], np.float32)
+    pcm24 = b"".join(int(v * 8388608).to_bytes(3, "little", signed=True) for v in want)
+    stereo = np.repeat(want[:, None], 2, axis=1).astype("<f4").tobytes()
+    files = {
+        "u8": _wav_bytes(1, 8, (want * 128 + 128).astype(np.uint8).tobytes()),
+        "i16": _wav_bytes(1, 16, (want * 32768).astype("<i2").tobytes()),
+        "i24": _wav_bytes(1, 24, pcm24),
+        "i32": _wav_bytes(1, 32, (want.astype(np.float64) * 2**31).astype("<i4").tobytes()),
+        "f32": _wav_bytes(3, 32, want.astype("<f4").tobytes()),
+        "f64": _wav_bytes(3, 64, want.astype("<f8").tobytes()),
+        "ext": _wav_bytes(0xFFFE, 32, want.astype("<f4").tobytes()),
+        "stereo": _wav_bytes(3, 32, stereo, channels=2),
+    }
+    for name, raw in files.items():
+        (tmp_path / f"{name}.wav").write_bytes(raw)
+        got = load_audio(str(tmp_path / f"{name}.wav"), 8000)
+        np.testing.assert_allclose(got, want, atol=1e-2, err_msg=name)
+    (tmp_path / "alaw.wav").write_bytes(_wav_bytes(6, 8, bytes(4)))
+    with pytest.raises(MediaError, match="format tag 6.*use integer PCM or 32/64-bit float"):
+        load_audio(str(tmp_path / "alaw.wav"), 8000)
+
+
 def test_video_frame_rate_from_gif(media):
     v = load_video(str(media["video"]))
     assert len(v.frames) == 8 and v.fps == pytest.approx(4.0)
