@@ -4,8 +4,9 @@ and the tone task (audio, tiny Qwen2.5-Omni thinker) learn, and a video row and 
 run through rollout and training.
 
 Thresholds come from measured CPU runs (40 steps, 8 prompts x 8 samples, lr 3e-3, first_number reward):
-colours went from a mean reward of 0.02 over steps 1-10 to 0.16 over steps 31-40; see the report of
-issue 9 for the tone run. Engine and trainer log-probs agree to ~1e-6 in these runs.
+colours went from a mean reward of 0.003-0.02 over steps 1-10 to 0.16-0.27 over steps 31-40, tones from
+0.006-0.017 to 0.24-0.46. Longer runs (the examples' settings) learn the tasks themselves: see "Learning
+on CPU" in docs/multimodal.md. Engine and trainer log-probs agree to ~1e-6 in these runs.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def mean_reward(rows: list[dict]) -> float:
 
 def test_colors_learn_with_qwen2_5_vl(ray_cluster, tmp_path):
     model = write_tiny_model(tmp_path / "vl", family="qwen2_5_vl")
-    rows = run(tmp_path, "vl_colors", model, generate_colors(tmp_path / "colors.jsonl", n=256), steps=40)
+    # 40 steps learn the answer format; without the example's entropy bonus the rise comes sooner (the
+    # bonus keeps samples diverse so that the colours are told apart later, over ~100 steps).
+    data = generate_colors(tmp_path / "colors.jsonl", n=256)
+    rows = run(tmp_path, "vl_colors", model, data, steps=40, extra=["algorithm.entropy_coef=0"])
     assert max(r["train/rollout_logp_abs_diff_max"] for r in rows) < 1e-4  # same pixels in engine and trainer
     first, last = mean_reward(rows[:10]), mean_reward(rows[-10:])
     assert last > max(0.08, 3 * first), (first, last)
