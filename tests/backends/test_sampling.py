@@ -1,0 +1,88 @@
+"""The batched sampler draws from the distribution it reports: frequencies match the (truncated,
+renormalised) probabilities, excluded and banned tokens are never drawn, and seeded rows repeat."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from relax.backends.inference.embedded.sampling import BatchSampler, RowParams, make_generator
+
+CPU = torch.device("cpu")
+
+
+def _row(**kw) -> RowParams:
+    base = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "generator": None}
+    return RowParams(**{**base, **kw})
+
+
+def _frequencies(logits_V: torch.Tensor, row: RowParams, draws: int, seed: int = 0) -> torch.Tensor:
+    """Token frequencies over `draws` rows sampled in one batch from the same logits."""
+    sampler = BatchSampler([row] * draws, CPU)
+    gen = make_generator(seed, CPU)
+    tokens, logp = sampler.sample(logits_V.expand(draws, -1).contiguous(), gen)
+    want_logp = torch.log_softmax(logits_V / max(row.temperature, 1e-6), -1)[tokens]
+    torch.testing.assert_close(logp, want_logp)  # the log-prob before truncation, at the temperature
+    return torch.bincount(tokens, minlength=logits_V.numel()).double() / draws
+
+
+def _close(freq: torch.Tensor, probs: torch.Tensor, draws: int) -> None:
+    """Every frequency within 5 standard errors of its probability (a 1e-6 false-alarm rate per token)."""
+    se = (probs * (1 - probs) / draws).sqrt().clamp_min(1e-9)
+    assert ((freq - probs).abs() <= 5 * se + 1e-9).all(), (freq, probs)
+
+
+def test_frequencies_follow_the_softmax_at_the_temperature():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    for temperature in (1.0, 0.7):
+        draws = 40_000
+        freq = _frequencies(logits, _row(temperature=temperature), draws)
+        _close(freq, torch.softmax(logits.double() / temperature, -1), draws)
+
+
+def test_truncation_renormalises_and_never_draws_excluded_tokens():
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -2.0])
+    probs = torch.softmax(logits.double(), -1)
+    draws = 40_000
+    freq = _frequencies(logits, _row(top_k=3), draws)
+    assert freq[3:].sum() == 0
+    _close(freq, torch.cat([probs[:3] / probs[:3].sum(), torch.zeros(3, dtype=torch.float64)]), draws)
+    freq = _frequencies(logits, _row(top_p=0.5), draws)  # keeps tokens whose preceding mass <= 0.5
+    keep = (probs.cumsum(0) - probs) <= 0.5
+    assert freq[~keep].sum() == 0 and freq[keep].sum() == 1
+
+
+def test_banned_tokens_are_never_drawn():
+    logits = torch.tensor([0.0, -1e30, 0.0, -1e30, 0.0])  # media tokens of a multimodal model
+    freq = _frequencies(logits, _row(), 20_000)
+    assert freq[1] == 0 and freq[3] == 0
+    assert math.isclose(float(freq.sum()), 1.0)
+
+
+def test_a_draw_at_the_top_of_the_cdf_still_lands_on_a_kept_token():
+    """If u * total rounds up to total (u = 1 stands for it), the search must stop at the last kept
+    token, not run past it into the banned ones or off the vocabulary."""
+    logits = torch.tensor([0.0, 0.0, -1e30, -1e30])
+    sampler = BatchSampler([_row()], CPU)
+    gen = make_generator(0, CPU)
+    original = torch.rand
+
+    def rand_one(*args, **kwargs):
+        return torch.ones_like(original(*args, **kwargs))
+
+    torch.rand = rand_one
+    try:
+        tokens, _ = sampler.sample(logits[None], gen)
+    finally:
+        torch.rand = original
+    assert int(tokens[0]) == 1
+
+
+def test_seeded_rows_repeat_whatever_the_batch():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    seeded = _row(generator=make_generator(7, CPU))
+    alone, _ = BatchSampler([seeded], CPU).sample(logits[1:2], make_generator(0, CPU))
+    seeded_again = _row(generator=make_generator(7, CPU))
+    mixed, _ = BatchSampler([_row(), seeded_again, _row()], CPU).sample(logits, make_generator(5, CPU))
+    assert int(alone[0]) == int(mixed[1])
