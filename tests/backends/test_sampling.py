@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from relax.backends.inference.embedded.sampling import BatchSampler, RowParams, make_generator
@@ -17,9 +18,14 @@ def _row(**kw) -> RowParams:
     return RowParams(**{**base, **kw})
 
 
-def _frequencies(logits_V: torch.Tensor, row: RowParams, draws: int, seed: int = 0) -> torch.Tensor:
+METHODS = ["inverse_cdf", "race"]  # the CPU's and the GPU's draw, both checked here
+
+
+def _frequencies(
+    logits_V: torch.Tensor, row: RowParams, draws: int, method: str, seed: int = 0
+) -> torch.Tensor:
     """Token frequencies over `draws` rows sampled in one batch from the same logits."""
-    sampler = BatchSampler([row] * draws, CPU)
+    sampler = BatchSampler([row] * draws, CPU, method)
     gen = make_generator(seed, CPU)
     tokens, logp = sampler.sample(logits_V.expand(draws, -1).contiguous(), gen)
     want_logp = torch.log_softmax(logits_V / max(row.temperature, 1e-6), -1)[tokens]
@@ -33,29 +39,32 @@ def _close(freq: torch.Tensor, probs: torch.Tensor, draws: int) -> None:
     assert ((freq - probs).abs() <= 5 * se + 1e-9).all(), (freq, probs)
 
 
-def test_frequencies_follow_the_softmax_at_the_temperature():
+@pytest.mark.parametrize("method", METHODS)
+def test_frequencies_follow_the_softmax_at_the_temperature(method):
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     for temperature in (1.0, 0.7):
         draws = 40_000
-        freq = _frequencies(logits, _row(temperature=temperature), draws)
+        freq = _frequencies(logits, _row(temperature=temperature), draws, method)
         _close(freq, torch.softmax(logits.double() / temperature, -1), draws)
 
 
-def test_truncation_renormalises_and_never_draws_excluded_tokens():
+@pytest.mark.parametrize("method", METHODS)
+def test_truncation_renormalises_and_never_draws_excluded_tokens(method):
     logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -2.0])
     probs = torch.softmax(logits.double(), -1)
     draws = 40_000
-    freq = _frequencies(logits, _row(top_k=3), draws)
+    freq = _frequencies(logits, _row(top_k=3), draws, method)
     assert freq[3:].sum() == 0
     _close(freq, torch.cat([probs[:3] / probs[:3].sum(), torch.zeros(3, dtype=torch.float64)]), draws)
-    freq = _frequencies(logits, _row(top_p=0.5), draws)  # keeps tokens whose preceding mass <= 0.5
+    freq = _frequencies(logits, _row(top_p=0.5), draws, method)  # keeps tokens whose preceding mass <= 0.5
     keep = (probs.cumsum(0) - probs) <= 0.5
     assert freq[~keep].sum() == 0 and freq[keep].sum() == 1
 
 
-def test_banned_tokens_are_never_drawn():
+@pytest.mark.parametrize("method", METHODS)
+def test_banned_tokens_are_never_drawn(method):
     logits = torch.tensor([0.0, -1e30, 0.0, -1e30, 0.0])  # media tokens of a multimodal model
-    freq = _frequencies(logits, _row(), 20_000)
+    freq = _frequencies(logits, _row(), 20_000, method)
     assert freq[1] == 0 and freq[3] == 0
     assert math.isclose(float(freq.sum()), 1.0)
 
@@ -64,7 +73,7 @@ def test_a_draw_at_the_top_of_the_cdf_still_lands_on_a_kept_token():
     """If u * total rounds up to total (u = 1 stands for it), the search must stop at the last kept
     token, not run past it into the banned ones or off the vocabulary."""
     logits = torch.tensor([0.0, 0.0, -1e30, -1e30])
-    sampler = BatchSampler([_row()], CPU)
+    sampler = BatchSampler([_row()], CPU, "inverse_cdf")
     gen = make_generator(0, CPU)
     original = torch.rand
 
@@ -79,10 +88,21 @@ def test_a_draw_at_the_top_of_the_cdf_still_lands_on_a_kept_token():
     assert int(tokens[0]) == 1
 
 
-def test_seeded_rows_repeat_whatever_the_batch():
+@pytest.mark.parametrize("method", METHODS)
+def test_seeded_rows_repeat_whatever_the_batch(method):
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
-    seeded = _row(generator=make_generator(7, CPU))
-    alone, _ = BatchSampler([seeded], CPU).sample(logits[1:2], make_generator(0, CPU))
-    seeded_again = _row(generator=make_generator(7, CPU))
-    mixed, _ = BatchSampler([_row(), seeded_again, _row()], CPU).sample(logits, make_generator(5, CPU))
-    assert int(alone[0]) == int(mixed[1])
+    for step in range(20):  # several steps of the same generators
+        if step == 0:
+            alone_row, mixed_row = (
+                _row(generator=make_generator(7, CPU)),
+                _row(generator=make_generator(7, CPU)),
+            )
+        alone, _ = BatchSampler([alone_row], CPU, method).sample(logits[1:2], make_generator(0, CPU))
+        batch = [_row(), mixed_row, _row()]
+        mixed, _ = BatchSampler(batch, CPU, method).sample(logits, make_generator(5 + step, CPU))
+        assert int(alone[0]) == int(mixed[1])
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="unknown sampling method 'gumbel'"):
+        BatchSampler([_row()], CPU, "gumbel")
