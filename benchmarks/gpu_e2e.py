@@ -49,7 +49,9 @@ def write_data(path: Path, n: int, cap: int, alpha: float, seed: int) -> Path:
             words = rng.randint(16, 256)  # about 2 tokens a word with the small tokenizer
             prompt = " ".join(rng.choice(WORDS) for _ in range(words))
             max_new = int(min(cap, 16 * rng.paretovariate(alpha)))
-            fh.write(json.dumps({"prompt": prompt, "label": "", "metadata": {"max_new_tokens": max_new}}) + "\n")
+            fh.write(
+                json.dumps({"prompt": prompt, "label": "", "metadata": {"max_new_tokens": max_new}}) + "\n"
+            )
     return path
 
 
@@ -70,7 +72,9 @@ class GpuMemoryPeak:
                     capture_output=True, text=True, timeout=10, check=True,
                 ).stdout  # fmt: skip
                 used = [int(x) for x in out.split()]
-                self.peaks = [max(a, b) for a, b in zip(self.peaks, used, strict=True)] if self.peaks else used
+                self.peaks = (
+                    [max(a, b) for a, b in zip(self.peaks, used, strict=True)] if self.peaks else used
+                )
             except (OSError, subprocess.SubprocessError, ValueError):
                 return  # no GPU tool: nothing to report
             self._stop.wait(self.interval_s)
@@ -104,6 +108,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
         f"trainer.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         "ops.checkpoint_interval=0", "ops.progress=false", "ops.tensorboard=false", "ops.log_interval=1",
         "eval.sets=[]", f"rollout.partial_rollout={str(split and args.partial_rollout).lower()}",
+        f"rollout.batch_order={args.batch_order if split else 'step'}", f"rollout.max_aborts={args.max_aborts}",
     ]  # fmt: skip
     cfg = load_config(args.base_config, overrides)
     with GpuMemoryPeak() as mem:
@@ -114,10 +119,15 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
     steady = rows[args.warmup :] or rows
     step_s = sum(r["perf/step_time_s"] for r in steady)
     gen_tokens = sum(r["rollout/num_samples"] * r["rollout/response_len_mean"] for r in steady)
-    trained = [r["rollout/num_samples"] * (r["rollout/prompt_len_mean"] + r["rollout/response_len_mean"]) for r in steady]
+    trained = [
+        r["rollout/num_samples"] * (r["rollout/prompt_len_mean"] + r["rollout/response_len_mean"])
+        for r in steady
+    ]
     update_s = [r.get("perf/actor_update_s", float("nan")) for r in steady]
     n_params = _param_count(model)
-    mfu = statistics.fmean(6 * n_params * t / u / (PEAK_FLOPS * ranks) for t, u in zip(trained, update_s, strict=True))
+    mfu = statistics.fmean(
+        6 * n_params * t / u / (PEAK_FLOPS * ranks) for t, u in zip(trained, update_s, strict=True)
+    )
     rewards = [r["rollout/reward_mean"] for r in rows]
     w = max(1, min(3, len(rewards) // 3))
     return {
@@ -130,6 +140,8 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
         "sync_backend": cfg.trainer.weight_sync_backend,
         "mem_peak_mib": mem.peaks,
         "resp_len": statistics.fmean(r["rollout/response_len_mean"] for r in rows),
+        "staleness_max": max(r.get("staleness/max", 0.0) for r in rows),
+        "carried_groups": sum(r.get("rollout/carried_groups", 0.0) for r in rows),
         "reward_first": statistics.fmean(rewards[:w]), "reward_last": statistics.fmean(rewards[-w:]),
     }  # fmt: skip
 
@@ -172,6 +184,14 @@ def main() -> None:
         help="hybrid/fully_async: a weight push aborts in-flight requests, which resume under the new "
         "weights (otherwise the push waits for them, and the next step's tail with them)",
     )
+    p.add_argument(
+        "--batch-order",
+        choices=["step", "completion"],
+        default="completion",
+        help="hybrid/fully_async: `completion` trains each step on the first groups to finish, so a long "
+        "response trains in a later step instead of holding its own back (colocate always uses `step`)",
+    )
+    p.add_argument("--max-aborts", type=int, default=16, help="times one sample may be aborted by a push")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="a tiny model (CPU smoke run)")
@@ -206,7 +226,8 @@ def main() -> None:
         print(f"{mode}: {json.dumps(results[mode])}", flush=True)
     base = results.get("colocate", {}).get("steps_per_min")
     print(f"\nGPU e2e: {gpus} GPUs, {args.steps} steps ({args.warmup} warm-up), {args.prompts}x{args.n} "
-          f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout}")  # fmt: skip
+          f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout}, "
+          f"batch_order {args.batch_order}")  # fmt: skip
     head = (f"{'mode':<12}{'eng':>4}{'rk':>3}{'steps/min':>10}{'x coloc':>8}{'gen tok/s':>10}{'MFU':>7}"
             f"{'publish s':>10}{'sync s':>8}{'backend':>8}{'resp len':>9}{'reward':>14}  mem peak MiB")  # fmt: skip
     print(head)

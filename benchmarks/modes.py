@@ -60,6 +60,8 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
             f"rollout.engine_threads={args.engine_threads}",
             f"trainer.threads={args.trainer_threads}",
             f"rollout.partial_rollout={str(args.partial_rollout).lower()}",
+            f"rollout.batch_order={'step' if mode == 'colocate' else args.batch_order}",
+            f"rollout.max_aborts={args.max_aborts}",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
             "ops.tensorboard=false",
@@ -99,6 +101,14 @@ def main() -> None:
     p.add_argument("--trainer-threads", type=int, default=1)
     p.add_argument("--data-plane", default="transferqueue", choices=["transferqueue", "ray"])
     p.add_argument("--partial-rollout", action="store_true")
+    p.add_argument(
+        "--batch-order",
+        choices=["step", "completion"],
+        default="step",
+        help="hybrid/fully_async: `completion` trains each step on the first groups to finish "
+        "(use with --partial-rollout); colocate always uses `step`",
+    )
+    p.add_argument("--max-aborts", type=int, default=2, help="times one sample may be aborted by a push")
     p.add_argument("--ray-cpus", type=int, default=8, help="logical CPUs declared to Ray")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -115,7 +125,8 @@ def main() -> None:
     print(
         f"\nmodes benchmark: {args.steps} steps, max_staleness={args.max_staleness}, cap={args.cap}, "
         f"engine_threads={args.engine_threads}, trainer_threads={args.trainer_threads}, "
-        f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout}"
+        f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout}, "
+        f"batch_order={args.batch_order}"
     )
     print(
         f"{'mode':<12} {'steps/min':>9} {'x colocate':>10} {'reward first':>12} {'reward last':>11} "

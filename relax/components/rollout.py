@@ -22,6 +22,7 @@ from relax.distributed.data_plane import DataPlane, PlaneClient, partition_name
 from relax.engine.evaluator import Evaluator
 from relax.engine.rollout_loop import RolloutLoop
 from relax.engine.router import Router
+from relax.engine.step_assembler import StepAssembler
 from relax.engine.step_producer import StepProducer
 from relax.ops.engine_recovery import EngineSupervisor
 from relax.orchestration.staleness import StalenessGate
@@ -69,14 +70,17 @@ class RolloutRole(PlaneClient):
         self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))
         self.evaluator = Evaluator(cfg, self.loop)
         self.producer = StepProducer(cfg, self.loop, self.source)
+        self.assembler = StepAssembler(cfg.rollout.prompts_per_step, cfg.rollout.batch_order, self._write)
         # connected on first use (eval-only runs have no data plane)
         self._plane, self._plane_kind = plane, cfg.resources.data_plane
         self.gate: StalenessGate | None = None
         self._ahead_task: asyncio.Task | None = None
         self._step_error: BaseException | None = None  # the first failed step running ahead
-        self._metrics: dict[int, dict[str, float]] = {}  # step -> rollout metrics, until collected
+        self._finished: set[int] = set()  # steps whose producer wrote all its groups
         self._ahead: dict[int, int] = {}  # step -> steps ahead of training when it started
         self._source_states: dict[int, dict] = {}  # step -> prompt position before it was drawn
+        self._targets: dict[int, set[int]] = {}  # producer step -> steps its groups went to
+        self._produced: dict[int, dict[str, float]] = {}  # finished producer step -> its own metrics
         self._trained = 0  # last training step whose weights the engines hold
         self.elastic, self._elastic_server = None, None
         if cfg.rollout.elastic.enabled:
@@ -132,17 +136,46 @@ class RolloutRole(PlaneClient):
         return self.router.urls()
 
     # -- training rollout: one step now (colocate) or running ahead (hybrid, fully_async) -----------
+    async def _write(self, step: int, group: list[Sample]) -> None:
+        contexts = self.cfg.rollout.agent.contexts_per_sample
+        await self.plane.put_rows(partition_name(step), samples_to_rows(group, contexts))
+
     async def generate(self, step: int) -> dict[str, float]:
         """Generate step `step` into its data-plane partition; returns its rollout metrics."""
+        await self._produce(step)
+        return await self.metrics(step)
+
+    async def _produce(self, step: int) -> None:
+        """Draw step `step`'s prompts and write its groups, each where `rollout.batch_order` sends it."""
         self._source_states[step] = self.source.state_dict()  # the data position before this step
-        partition = partition_name(step)
+        self._targets[step] = set()
+        self.assembler.open(step)
 
-        async def sink(group: list[Sample]) -> None:
-            contexts = self.cfg.rollout.agent.contexts_per_sample
-            await self.plane.put_rows(partition, samples_to_rows(group, contexts))
+        async def sink(group: list[Sample], stats: object) -> None:
+            self._targets[step].add(await self.assembler.put(step, group, stats))
 
-        metrics = await self.producer.produce(step, sink)
-        self._metrics[step] = metrics
+        self._produced[step] = await self.producer.produce(step, sink)
+        self._finished.add(step)
+
+    def _ready(self, step: int) -> bool:
+        if self.assembler.order == "step":
+            return step in self._produced
+        return self.assembler.is_complete(step)
+
+    def _collect(self, step: int) -> dict[str, float]:
+        """Step order: the producer's metrics; completion order: metrics of the groups the step trains
+        on, with the dynamic-sampling figures of the latest finished producer."""
+        if self.assembler.order == "step":
+            self.assembler.steps.pop(step, None)
+            return self._produced.pop(step)
+        metrics = self.assembler.collect(step)
+        done = [s for s in self._produced if s <= step]
+        if done:
+            extra = self._produced[max(done)]
+            metrics.update({k: v for k, v in extra.items() if k.startswith("rollout/ds_")})
+            for s in done:
+                self._produced.pop(s)
+        metrics["rollout/aborted_requests"] = float(self.loop.inflight.num_aborted)
         return metrics
 
     async def start(self, first_step: int) -> None:
@@ -153,16 +186,17 @@ class RolloutRole(PlaneClient):
     async def _run_ahead(self, step: int) -> None:
         """Start each step as soon as the staleness gate lets it, without waiting for the previous step's
         slowest samples: the engines fill their batch with step s + 1's prompts while step s's long tail
-        decodes, so a step costs the engines' throughput rather than its longest response (the gate alone
-        bounds staleness, which counts from a sample's start). Overlapping steps draw prompts in turn, so
-        with dynamic sampling a step's extra rounds may come after the next step's first draw; a resume
-        then draws those few prompts again (none is skipped)."""
+        decodes. With `rollout.batch_order: step` step s is still complete only when its longest response
+        ends; with `completion` it takes the first groups to finish, so it costs the engines' throughput
+        instead. Overlapping steps draw prompts in turn; a resume draws again the prompts of groups not yet
+        trained (none is skipped).
+        """
         steps: set[asyncio.Task] = set()
         try:
             while step <= self.cfg.trainer.num_steps and self._step_error is None:
                 ahead = await self.gate.wait_until_may_start(step)
                 self._ahead[step] = ahead
-                task = asyncio.create_task(self.generate(step), name=f"rollout-step-{step}")
+                task = asyncio.create_task(self._produce(step), name=f"rollout-step-{step}")
                 task.add_done_callback(self._step_done)
                 steps.add(task)
                 step += 1
@@ -188,14 +222,15 @@ class RolloutRole(PlaneClient):
         return task.exception()
 
     async def metrics(self, step: int) -> dict[str, float]:
-        """Wait until the background rollout finished step `step`; its metrics (re-raises its failure)."""
-        while step not in self._metrics:
+        """Wait until step `step`'s data is complete; its rollout metrics (re-raises a running-ahead
+        step's failure)."""
+        while not self._ready(step):
             if (err := self._failure()) is not None:
                 raise err
-            if self._ahead_task is None or self._ahead_task.done():
+            if step not in self.assembler.steps and (self._ahead_task is None or self._ahead_task.done()):
                 raise RuntimeError(f"rollout is not running ahead; step {step} will never be generated")
             await asyncio.sleep(0.01)
-        return {**self._metrics.pop(step), "staleness/rollout_ahead": float(self._ahead.pop(step, 0))}
+        return {**self._collect(step), "staleness/rollout_ahead": float(self._ahead.pop(step, 0))}
 
     async def check(self) -> None:
         """Raise the background rollout's failure, if it failed."""
@@ -213,8 +248,15 @@ class RolloutRole(PlaneClient):
         if self.gate is not None:
             await self.gate.mark_consumed(trained_step)
         self._trained = trained_step
-        for s in [s for s in self._source_states if s <= trained_step]:
+        for s in [s for s in self._source_states if self._settled(s)]:
             self._source_states.pop(s)
+            self._targets.pop(s, None)
+            self._finished.discard(s)
+
+    def _settled(self, step: int) -> bool:
+        """Every group step `step`'s producer drew is written and trained."""
+        targets = self._targets.get(step)
+        return step in self._finished and max(targets or {step}) <= self._trained
 
     async def stop(self) -> None:
         if self._ahead_task is not None:
@@ -231,7 +273,8 @@ class RolloutRole(PlaneClient):
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: str) -> None:
         """The data position of training: prompts of steps generated ahead are not counted."""
-        state = self._source_states.get(self._trained + 1, self.source.state_dict())
+        pending = [s for s in self._source_states if not self._settled(s)]
+        state = self._source_states[min(pending)] if pending else self.source.state_dict()
         Path(path).write_text(json.dumps({"source": state}))
 
     def load(self, path: str) -> None:

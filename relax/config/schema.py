@@ -202,6 +202,14 @@ class RolloutConfig(Section):
     max_aborts: int = Field(
         2, ge=0, description="Partial rollout: times one sample may be aborted; later updates wait for it."
     )
+    batch_order: Literal["step", "completion"] = Field(
+        "step",
+        description="`step`: a group trains in the step that drew its prompt. `completion`: a finished group "
+        "goes to the oldest started step still short of groups, so with steps running ahead (hybrid, "
+        "fully_async; max_staleness >= 1) a long response no longer holds its step back; pair it with "
+        "partial_rollout and a max_aborts above the steps a long response spans "
+        "(relax/engine/step_assembler.py).",
+    )
     mask_offpolicy_tokens: bool = Field(
         False, description="Partial rollout: loss mask 0 on tokens generated before the last abort."
     )

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import statistics
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import torch
 
@@ -25,7 +26,7 @@ from relax.engine.rollout_loop import RolloutLoop, rollout_metrics
 
 logger = logging.getLogger(__name__)
 
-GroupSink = Callable[[list[Sample]], Awaitable[None]]
+GroupSink = Callable[[list[Sample], Any], Awaitable[None]]  # a group and its RewardStats
 
 
 def group_is_informative(samples: list[Sample]) -> bool:
@@ -40,14 +41,14 @@ class StepProducer:
         self.loop = loop
         self.source = source
 
-    async def _group(self, row: PromptRow, group_id: int, stats: list) -> list[Sample]:
+    async def _group(self, row: PromptRow, group_id: int) -> tuple[list[Sample], Any]:
         samples = await self.loop._generate_group(row, group_id, self.loop.sampling_params())
         for s in samples:
             if not s.response_text and s.response_ids:
                 s.response_text = self.loop.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        stats.append(await self.loop.scorer.score(samples))
+        stats = await self.loop.scorer.score(samples)
         self.loop.after_scoring(samples)
-        return samples
+        return samples, stats
 
     async def produce(self, step: int, sink: GroupSink) -> dict[str, float]:
         """Generate step `step`'s groups, writing each kept group through `sink`; returns the metrics."""
@@ -57,32 +58,31 @@ class StepProducer:
         next_gid = step * want * rounds_max
         written, rounds, informative = 0, 0, 0
         generated: list[Sample] = []
-        held: list[list[Sample]] = []
+        held: list[tuple[list[Sample], Any]] = []
         step_stats: list = []  # per produce call: steps running ahead overlap
         while written < want and rounds < rounds_max:
             rounds += 1
             rows = self.source.next_batch(want - written)
-            tasks = [
-                asyncio.ensure_future(self._group(r, next_gid + i, step_stats)) for i, r in enumerate(rows)
-            ]
+            tasks = [asyncio.ensure_future(self._group(r, next_gid + i)) for i, r in enumerate(rows)]
             next_gid += len(rows)
             try:
                 for fut in asyncio.as_completed(tasks):
-                    group = await fut
+                    group, group_stats = await fut
                     generated += group
+                    step_stats.append(group_stats)
                     keep = not algo.dynamic_sampling or group_is_informative(group)
                     informative += int(keep)
                     if written < want and keep:
-                        await sink(group)
+                        await sink(group, group_stats)
                         written += 1
                     else:
-                        held.append(group)
+                        held.append((group, group_stats))
             except BaseException:
                 for t in tasks:
                     t.cancel()
                 raise
-        for group in held[: want - written]:  # rounds exhausted: fill with uninformative groups
-            await sink(group)
+        for group, group_stats in held[: want - written]:  # rounds exhausted: fill with uninformative groups
+            await sink(group, group_stats)
             written += 1
         stats = step_stats[0]
         for more in step_stats[1:]:

@@ -95,3 +95,29 @@ def test_partial_rollout_and_resume(ray_cluster, tiny_model_dir, arith_file, tmp
     cfg2 = mode_config(tiny_model_dir, arith_file, tmp_path, "hybrid", steps=6, extra=extra)
     assert Controller(cfg2, resume=True).run() == 6
     assert [r["step"] for r in read_metrics(cfg2)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_completion_order_trains_long_groups_in_later_steps(ray_cluster, tiny_model_dir, arith_file, tmp_path):
+    """Every 4th prompt may answer with 48 tokens, the rest with 2: under `batch_order: completion` the
+    first steps fill with short groups (some drawn by the next step) and the long ones train later."""
+    rows = [json.loads(line) for line in arith_file.read_text().splitlines()]
+    data = tmp_path / "tailed.jsonl"
+    with data.open("w") as fh:
+        for i, row in enumerate(rows):
+            fh.write(json.dumps({**row, "metadata": {"max_new_tokens": 48 if i % 4 == 0 else 2}}) + "\n")
+    extra = [
+        f"data.train_files=[{data}]",
+        "data.shuffle=false",
+        "rollout.max_new_tokens=48",
+        "rollout.prompts_per_step=16",
+        "rollout.batch_order=completion",
+        "rollout.partial_rollout=true",
+        "rollout.max_aborts=8",
+    ]
+    cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "hybrid", steps=4, extra=extra)
+    assert Controller(cfg).run() == 4
+    metrics = read_metrics(cfg)
+    assert [r["rollout/num_samples"] for r in metrics] == [16 * 8] * 4
+    assert sum(r["rollout/carried_groups"] for r in metrics) > 0, metrics
+    # step 1 takes short groups: its mean length is below the data's (a quarter of prompts at up to 48)
+    assert metrics[0]["rollout/response_len_mean"] < metrics[-1]["rollout/response_len_mean"], metrics

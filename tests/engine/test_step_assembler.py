@@ -1,0 +1,67 @@
+"""Batch order: `step` keeps a group in the step that drew it; `completion` sends each finished group to
+the oldest started step short of groups, so every step gets exactly its count and a slow group is
+trained by a later step."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from relax.data.sample import Sample
+from relax.engine.step_assembler import StepAssembler
+from relax.rewards.scorer import RewardStats
+
+
+def group(gid: int, reward: float = 1.0) -> list[Sample]:
+    return [
+        Sample(index=gid, prompt="p", group_id=gid, sample_id=k, prompt_ids=[1], response_ids=[2, 3],
+               reward=reward, weight_versions=[0])
+        for k in range(2)
+    ]  # fmt: skip
+
+
+def run(order: str, arrivals: list[tuple[int, int]]) -> tuple[StepAssembler, dict[int, list[int]]]:
+    """Open steps 1 and 2 (2 groups each); groups arrive as (producer step, group id) in order."""
+    written: dict[int, list[int]] = {}
+
+    async def write(step: int, g: list[Sample]) -> None:
+        await asyncio.sleep(0)
+        written.setdefault(step, []).append(g[0].group_id)
+
+    async def main() -> StepAssembler:
+        a = StepAssembler(2, order, write)
+        a.open(1)
+        a.open(2)
+        for origin, gid in arrivals:
+            await a.put(origin, group(gid), RewardStats(samples=2))
+        return a
+
+    return asyncio.run(main()), written
+
+
+def test_completion_order_fills_the_oldest_step_first():
+    # step 1's second group (11) is slow: step 2's first group finishes before it and trains in step 1
+    a, written = run("completion", [(1, 10), (2, 20), (1, 11), (2, 21)])
+    assert written == {1: [10, 20], 2: [11, 21]}
+    assert a.is_complete(1) and a.is_complete(2)
+    m1, m2 = a.collect(1), a.collect(2)
+    assert m1["rollout/num_samples"] == m2["rollout/num_samples"] == 4
+    assert (m1["rollout/carried_groups"], m2["rollout/carried_groups"]) == (0, 1)
+    assert m1["reward/samples"] == 4
+
+
+def test_step_order_keeps_groups_in_their_step():
+    a, written = run("step", [(1, 10), (2, 20), (1, 11), (2, 21)])
+    assert written == {1: [10, 11], 2: [20, 21]}
+    assert a.is_complete(1) and a.is_complete(2)
+
+
+def test_a_step_is_complete_only_with_all_its_groups():
+    a, _ = run("completion", [(2, 20), (2, 21), (1, 10)])
+    assert a.is_complete(1) and not a.is_complete(2)  # step 1 took two of step 2's groups
+
+
+def test_unknown_order_is_refused():
+    with pytest.raises(ValueError, match="batch_order"):
+        StepAssembler(2, "fifo", lambda s, g: None)  # type: ignore[arg-type]
