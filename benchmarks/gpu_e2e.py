@@ -103,7 +103,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
         f"rollout.prompts_per_step={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.max_new_tokens={args.cap}", f"rollout.num_engines={engines}",
         "rollout.temperature=1.0", "reward.name=token_rate", "algorithm.name=grpo", "algorithm.kl_coef=0.0",
-        "algorithm.entropy_coef=0.0", f"trainer.num_steps={args.steps}", f"trainer.lr={args.lr}",
+        "algorithm.entropy_coef=0.0", f"algorithm.old_log_probs={args.old_log_probs}", f"trainer.num_steps={args.steps}", f"trainer.lr={args.lr}",
         "trainer.backend=fsdp", f"trainer.num_ranks={ranks}", f"trainer.max_tokens_per_micro_batch={args.mb_tokens}",
         f"trainer.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         "ops.checkpoint_interval=0", "ops.progress=false", "ops.tensorboard=false", "ops.log_interval=1",
@@ -191,6 +191,12 @@ def main() -> None:
         help="hybrid/fully_async: `completion` trains each step on the first groups to finish, so a long "
         "response trains in a later step instead of holding its own back (colocate always uses `step`)",
     )
+    p.add_argument(
+        "--old-log-probs",
+        choices=["recompute", "rollout"],
+        default="recompute",
+        help="pi_old: a forward pass per step (ActorFwd in fully_async) or the engine's log-probs (all modes)",
+    )
     p.add_argument("--max-aborts", type=int, default=16, help="times one sample may be aborted by a push")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
@@ -227,7 +233,7 @@ def main() -> None:
     base = results.get("colocate", {}).get("steps_per_min")
     print(f"\nGPU e2e: {gpus} GPUs, {args.steps} steps ({args.warmup} warm-up), {args.prompts}x{args.n} "
           f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout}, "
-          f"batch_order {args.batch_order}")  # fmt: skip
+          f"batch_order {args.batch_order}, old_log_probs {args.old_log_probs}")  # fmt: skip
     head = (f"{'mode':<12}{'eng':>4}{'rk':>3}{'steps/min':>10}{'x coloc':>8}{'gen tok/s':>10}{'MFU':>7}"
             f"{'publish s':>10}{'sync s':>8}{'backend':>8}{'resp len':>9}{'reward':>14}  mem peak MiB")  # fmt: skip
     print(head)

@@ -69,22 +69,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_batch(n: int, seq: int, prompt_len: int, vocab: int):
+def make_batch(n: int, seq: int, prompt_len: int, vocab: int, ragged: int = 0):
+    """`n` rows of `prompt_len` + `seq - prompt_len` tokens; with `ragged` = a response cap, rows come in
+    groups of 8 sharing a prompt of 32-512 tokens, with responses of min(cap, 16 x Pareto(1)) tokens
+    (the shape of benchmarks/gpu_e2e.py's workload)."""
+    import random
+
     from relax.data.batch import TrainBatch
 
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (n, seq), generator=g)
-    resp = seq - prompt_len
+    rng = random.Random(0)
+    lengths = []
+    for i in range(n):
+        if not ragged:
+            lengths.append((prompt_len, seq - prompt_len))
+        elif i % 8 == 0:
+            p, r = rng.randint(32, 512), int(min(ragged, 16 * rng.paretovariate(1.0)))
+            lengths += [(p, r)] * min(8, n - i)
+    rows = [torch.randint(0, vocab, (p + r,), generator=g).tolist() for p, r in lengths]
     b = TrainBatch(
-        prompt_ids=ids[:, :prompt_len].tolist(),
-        response_ids=ids[:, prompt_len:].tolist(),
-        loss_mask=[[1.0] * resp for _ in range(n)],
-        rollout_log_probs=[[0.0] * resp for _ in range(n)],
+        prompt_ids=[row[:p] for row, (p, _) in zip(rows, lengths, strict=True)],
+        response_ids=[row[p:] for row, (p, _) in zip(rows, lengths, strict=True)],
+        loss_mask=[[1.0] * r for _, r in lengths],
+        rollout_log_probs=[[0.0] * r for _, r in lengths],
         rewards=[float(i % 2) for i in range(n)],
-        group_index=[i // 4 for i in range(n)],
+        group_index=[i // 8 for i in range(n)],
         weight_versions=[0] * n,
     )
-    b.advantages = [torch.full((resp,), 1.0 if i % 2 else -1.0) for i in range(n)]
+    b.advantages = [torch.full((r,), 1.0 if i % 2 else -1.0) for i, (_, r) in enumerate(lengths)]
     return b
 
 
@@ -152,6 +164,12 @@ def main() -> None:
     p.add_argument(
         "--prompt-len", type=int, default=8, help="prompt tokens (logits are computed for the rest)"
     )
+    p.add_argument(
+        "--ragged",
+        type=int,
+        default=0,
+        help="response cap: rows of mixed length as in benchmarks/gpu_e2e.py (--seq/--prompt-len unused)",
+    )
     p.add_argument("--micro-tokens", type=int, default=16384, help="token budget of one micro-batch")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
@@ -199,10 +217,13 @@ def main() -> None:
         reshard_after_forward=not args.keep_gathered,
     )
     worker.setup("127.0.0.1", _free_port())
-    batch = make_batch(args.batch, args.seq, args.prompt_len, PRESETS[args.preset]["vocab_size"])
+    vocab = PRESETS[args.preset]["vocab_size"]
+    batch = make_batch(args.batch, args.seq, args.prompt_len, vocab, args.ragged)
     loss_fn = make_policy_loss(AlgorithmConfig(entropy_coef=args.entropy_coef))
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
+    batch.old_log_probs = worker.compute_log_probs(batch)  # untimed: the first pass warms up
+    sync()
     t0 = time.perf_counter()
     batch.old_log_probs = worker.compute_log_probs(batch)
     sync()
@@ -222,7 +243,7 @@ def main() -> None:
             worker.train_minibatches([batch], loss_fn)
             sync()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
-    tokens = args.batch * args.seq
+    tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
     publish = worker.publish(worker.step, "full", args.dtype)  # gather + cast (no engines attached)
     result = {
         "preset": args.preset,
@@ -239,6 +260,7 @@ def main() -> None:
         "grad_ckpt": args.grad_ckpt,
         "compile": args.compile,
         "micro_tokens": args.micro_tokens,
+        "ragged": args.ragged,
         "entropy_coef": args.entropy_coef,
         "keep_gathered": args.keep_gathered,
     }

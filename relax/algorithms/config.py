@@ -62,6 +62,12 @@ class AlgorithmConfig(BaseModel):
         0.04, gt=0, description="M2PO budget on the mean squared log-ratio of the kept tokens."
     )
     # -- off-policy corrections against the engine's behaviour log-probs --
+    old_log_probs: Literal["recompute", "rollout"] = Field(
+        "recompute",
+        description="pi_old of the PPO ratio: `recompute` forwards every sample through the weights that "
+        "start the update (ActorFwd in fully_async); `rollout` takes the engine's behaviour log-probs "
+        "and skips that forward (needs rollout.temperature 1; TIS/IcePop weights are then 1).",
+    )
     tis: bool = Field(False, description="Truncated importance sampling: weight pg loss by clamp(pi_old/mu).")
     tis_clip_low: float = Field(0.0, ge=0, description="TIS weight lower clamp.")
     tis_clip_high: float = Field(2.0, gt=0, description="TIS weight upper clamp.")

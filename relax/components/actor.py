@@ -116,7 +116,10 @@ class ActorRole(PlaneClient):
             )
             sub = batch_from_columns(data.columns)
             with timer("old_log_probs", times):
-                columns[LOG_PROBS] += await asyncio.to_thread(self.trainer.compute_log_probs, sub)
+                if self.cfg.algorithm.old_log_probs == "rollout":
+                    columns[LOG_PROBS] += behaviour_log_probs(sub)
+                else:
+                    columns[LOG_PROBS] += await asyncio.to_thread(self.trainer.compute_log_probs, sub)
             if self.needs_reference:
                 with timer("ref_log_probs", times):
                     columns[REF_LOG_PROBS] += await asyncio.to_thread(
@@ -135,7 +138,10 @@ class ActorRole(PlaneClient):
         times = times if times is not None else {}
         if batch.old_log_probs is None:  # a whole batch handed in directly (tests)
             with timer("old_log_probs", times):
-                batch.old_log_probs = self.trainer.compute_log_probs(batch)
+                if self.cfg.algorithm.old_log_probs == "rollout":
+                    batch.old_log_probs = behaviour_log_probs(batch)
+                else:
+                    batch.old_log_probs = self.trainer.compute_log_probs(batch)
             if self.needs_reference:
                 with timer("ref_log_probs", times):
                     batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
@@ -235,6 +241,11 @@ class ActorRole(PlaneClient):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The current policy weights on CPU (for ActorFwd in fully_async mode)."""
         return {n: t.detach().cpu() for n, t in self.trainer.named_weights()}
+
+
+def behaviour_log_probs(batch: TrainBatch) -> list[torch.Tensor]:
+    """`algorithm.old_log_probs: rollout`: the engine's log-probs of the sampled tokens as pi_old."""
+    return [torch.as_tensor(lp, dtype=torch.float32) for lp in batch.rollout_log_probs]
 
 
 def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | TrainerGroup:

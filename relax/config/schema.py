@@ -465,6 +465,12 @@ class RelaxConfig(Section):
     def _cross_checks(self) -> RelaxConfig:
         # The Actor loads a frozen reference whenever the algorithm asks for one.
         self.algorithm.validate_against(max_staleness=self.resources.max_staleness, has_reference=True)
+        if self.algorithm.old_log_probs == "rollout" and self.rollout.temperature != 1.0:
+            raise ValueError(
+                f"algorithm.old_log_probs=rollout takes the engine's log-probs, which are after temperature "
+                f"{self.rollout.temperature}, as pi_old; the trainer's are at temperature 1. Set "
+                "rollout.temperature=1.0 or algorithm.old_log_probs=recompute"
+            )
         if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(
                 f"algorithm {self.algorithm.name!r} normalises rewards within prompt groups and needs "

@@ -93,3 +93,44 @@ def test_actor_does_not_train_on_rows_missing_a_column(cfg):
         assert plane.status("train_1") == {"rows": 0}  # cleared after training
 
     asyncio.run(main())
+
+
+def test_rollout_log_probs_as_pi_old_need_no_forward_and_no_weights(cfg):
+    """`algorithm.old_log_probs: rollout`: ActorFwd writes the engine's log-probs at once (it does not
+    wait for weights), and the in-process Actor uses them too instead of forwarding."""
+    cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"old_log_probs": "rollout"})})
+
+    async def main():
+        plane = LocalDataPlane()
+        fwd = ActorFwdRole(cfg, plane=plane)
+        rows = step_rows()
+        await plane.put_rows("train_1", rows)
+        await asyncio.wait_for(fwd.process(1), 30)  # no set_weights: it must not wait
+        data = await plane.get("train_1", [LOG_PROBS, "rollout_log_probs"], "check", 4)
+        for logp, mu in zip(data.columns[LOG_PROBS], data.columns["rollout_log_probs"], strict=True):
+            assert list(map(float, logp)) == list(map(float, mu))
+
+    asyncio.run(main())
+    algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0})
+    res = cfg.resources.model_copy(update={"mode": "colocate"})
+    actor = ActorRole(cfg.model_copy(update={"algorithm": algo, "resources": res}), plane=LocalDataPlane())
+    from relax.data.rows import batch_from_columns
+
+    batch = batch_from_columns({k: [r[k] for r in step_rows()] for k in step_rows()[0]})
+    times: dict[str, float] = {}
+    metrics = actor.train_sync(batch, times)
+    assert [t.tolist() for t in batch.old_log_probs] == [[-1.0], [-1.0, -1.0], [-1.0], [-1.0, -1.0]]
+    assert "train/loss" in metrics
+
+
+def test_rollout_log_probs_as_pi_old_need_temperature_one(tiny_model_dir, arith_file):
+    with pytest.raises(ValueError, match="rollout.temperature=1.0 or algorithm.old_log_probs=recompute"):
+        load_config(
+            None,
+            [
+                f"model.path={tiny_model_dir}",
+                f"data.train_files=[{arith_file}]",
+                "algorithm.old_log_probs=rollout",
+                "rollout.temperature=0.7",
+            ],
+        )

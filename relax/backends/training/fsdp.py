@@ -14,8 +14,11 @@ gathers parameters collectively.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -203,11 +206,33 @@ class FSDPWorker:
         to be merged over ranks with `merge_partials`."""
         longest = max([max(m.response_lens(), default=1) for m in minis], default=1)
         max_len = int(self._all_reduce([longest], dist.ReduceOp.MAX)[0])
-        out = [self._optimizer_step(mini, loss_fn, max_len) for mini in minis]
+        with self._profiled(self.step + 1):
+            out = [self._optimizer_step(mini, loss_fn, max_len) for mini in minis]
         self.step += 1
         return out
 
+    @contextlib.contextmanager
+    def _profiled(self, step: int) -> Iterator[None]:
+        """`RELAX_PROFILE_STEPS=3,7` (and `RELAX_PROFILE_DIR`, default `profiles`): run those training
+        steps under the torch profiler and write each rank's top operators to
+        `<dir>/train_step<N>_rank<R>.txt`."""
+        steps = {int(x) for x in os.environ.get("RELAX_PROFILE_STEPS", "").split(",") if x.strip()}
+        if step not in steps:
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            yield
+        out = Path(os.environ.get("RELAX_PROFILE_DIR", "profiles"))
+        out.mkdir(parents=True, exist_ok=True)
+        sort = "cuda_time_total" if self.device.type == "cuda" else "cpu_time_total"
+        table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+        (out / f"train_step{step}_rank{self.rank}.txt").write_text(table)
+
     def _optimizer_step(self, mini: TrainBatch, loss_fn: LossFn, max_len: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         tokens, seqs = self._all_reduce([sum(sum(m) for m in mini.loss_mask), len(mini)])
         loss_total, weighted, weight_sum = 0.0, {}, 0.0
@@ -242,6 +267,7 @@ class FSDPWorker:
             "weight": weight_sum,
             "grad_norm": float(grad_norm),
             "lr": lr,
+            "seconds": time.perf_counter() - t0,  # on this rank (float(grad_norm) waited for the GPU)
         }
 
     def _loss_inputs(
@@ -413,6 +439,8 @@ def merge_partials(per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
         metrics["train/loss"] = sum(p["loss"] for p in parts)
         metrics["train/grad_norm"] = parts[0]["grad_norm"]
         metrics["train/lr"] = parts[0]["lr"]
+        if all("seconds" in p for p in parts):  # the slowest rank's optimizer step, summed over steps
+            metrics["perf/rank_update_s"] = max(p["seconds"] for p in parts) * steps
         for name, v in metrics.items():
             totals[name] = totals.get(name, 0.0) + v / steps
     return totals
