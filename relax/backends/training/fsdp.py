@@ -46,6 +46,9 @@ from relax.data.batch import TrainBatch, pack_micro_batches, pad_ragged
 
 logger = logging.getLogger(__name__)
 
+# Ray leaves CUDA_VISIBLE_DEVICES alone in an actor started with this variable set to 1
+NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+
 OLD_VALUES_KEY = "old_values"  # TrainBatch.extras column of critic values at rollout time, [N][R_i]
 
 
@@ -90,7 +93,8 @@ class FSDPWorker:
         torch.set_num_threads(cfg.threads)
         self.device = resolve_device(cfg.device)
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device.index or 0)
+            self.device = torch.device("cuda", self.device.index or assigned_gpu_index())
+            torch.cuda.set_device(self.device)
         if not dist.is_initialized():
             dist.init_process_group(
                 "nccl" if self.device.type == "cuda" else "gloo",
@@ -229,6 +233,10 @@ class FSDPWorker:
         out.mkdir(parents=True, exist_ok=True)
         sort = "cuda_time_total" if self.device.type == "cuda" else "cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+        if self.device.type == "cuda":
+            st = torch.cuda.memory_stats(self.device)
+            keys = ("num_alloc_retries", "num_ooms", "reserved_bytes.all.peak", "allocated_bytes.all.peak")
+            table += "\n" + " ".join(f"{k}={st.get(k, 0)}" for k in keys) + "\n"
         (out / f"train_step{step}_rank{self.rank}.txt").write_text(table)
 
     def _optimizer_step(self, mini: TrainBatch, loss_fn: LossFn, max_len: int) -> dict[str, Any]:
@@ -422,6 +430,21 @@ class FSDPWorker:
 def _plain_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     for name, t in model.state_dict().items():
         yield name, full(t)
+
+
+def assigned_gpu_index() -> int:
+    """This rank's GPU when Ray left every GPU of the node visible (`trainer.ranks_see_all_gpus`): the
+    one Ray assigned, as an index among the visible devices. Otherwise (Ray narrowed
+    CUDA_VISIBLE_DEVICES to it, or no Ray) device 0."""
+    if os.environ.get(NOSET_CUDA_ENV) != "1":
+        return 0
+    import ray
+
+    ids = [str(i) for i in ray.get_gpu_ids()] if ray.is_initialized() else []
+    if not ids:
+        return 0
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible.index(ids[0]) if ids[0] in visible else int(ids[0]) if not visible else 0
 
 
 def merge_partials(per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
