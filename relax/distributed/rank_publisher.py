@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from relax.distributed.weight_publisher import WeightPublisher, local_uuid, stream_buckets
@@ -29,8 +30,16 @@ __all__ = ["RankPublisher", "local_uuid", "stream_buckets"]
 
 class RankPublisher:
     def __init__(
-        self, bucket_bytes: int, backend: str = "auto", flatten: bool = True, ipc: bool = True
+        self,
+        bucket_bytes: int,
+        backend: str = "auto",
+        flatten: bool = True,
+        ipc: bool = True,
+        device: torch.device | None = None,
     ) -> None:
+        """`device`: the rank's GPU; the publishing thread makes it current (a thread starts on cuda:0,
+        which is another GPU when the rank sees all of them)."""
+        self.device = device
         self.bucket_bytes = bucket_bytes
         self.backend = backend
         self.flatten, self.ipc = flatten, ipc
@@ -40,8 +49,15 @@ class RankPublisher:
     def _run(self, coro: Any) -> Any:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, name="weight-publish", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(self._loop,), name="weight-publish", daemon=True
+            ).start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        loop.run_forever()
 
     def connect(self, urls: list[str], rank_uuids: Sequence[str | None] | None = None, rank: int = 0) -> None:
         """Rank 0 forms the group with the receivers on other GPUs; every rank takes those on its GPU."""

@@ -370,6 +370,7 @@ class FSDPWorker:
                 c.weight_sync_backend,
                 flatten=c.weight_sync_flatten is not False,
                 ipc=c.weight_sync_ipc,
+                device=self.device,
             )
         return self._rank_publisher
 
