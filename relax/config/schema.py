@@ -275,9 +275,10 @@ class TrainerConfig(Section):
     num_ranks: int = Field(1, gt=0, description="Training ranks (one Ray actor, and one GPU on GPU, each).")
     cpus_per_rank: float = Field(1.0, gt=0, description="Logical Ray CPUs reserved per training rank.")
     ranks_see_all_gpus: bool = Field(
-        True,
-        description="Training ranks on GPUs see every GPU of their node and pick theirs by index, so NCCL "
-        "copies between ranks peer to peer (NVLink) instead of through host memory.",
+        False,
+        description="Two or more training ranks on GPUs see every GPU of their node and pick theirs by index, "
+        "so NCCL copies between ranks peer to peer (NVLink) instead of through host memory, where Ray's "
+        "per-actor CUDA_VISIBLE_DEVICES sends it (docs/gpus.md).",
     )
     mixed_precision: Literal["none", "bf16"] = Field(
         "bf16", description="FSDP on GPU: bf16 compute over fp32 master weights, fp32 gradient reduction."
