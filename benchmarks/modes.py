@@ -62,6 +62,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
             f"rollout.partial_rollout={str(args.partial_rollout).lower()}",
             f"rollout.batch_order={'step' if mode == 'colocate' else args.batch_order}",
             f"rollout.max_aborts={args.max_aborts}",
+            f"algorithm.old_log_probs={args.old_log_probs}",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
             "ops.tensorboard=false",
@@ -109,6 +110,12 @@ def main() -> None:
         "(use with --partial-rollout); colocate always uses `step`",
     )
     p.add_argument("--max-aborts", type=int, default=2, help="times one sample may be aborted by a push")
+    p.add_argument(
+        "--old-log-probs",
+        choices=["recompute", "rollout"],
+        default="recompute",
+        help="pi_old: a forward pass per step, or the engine's log-probs (every mode)",
+    )
     p.add_argument("--ray-cpus", type=int, default=8, help="logical CPUs declared to Ray")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -126,7 +133,7 @@ def main() -> None:
         f"\nmodes benchmark: {args.steps} steps, max_staleness={args.max_staleness}, cap={args.cap}, "
         f"engine_threads={args.engine_threads}, trainer_threads={args.trainer_threads}, "
         f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout}, "
-        f"batch_order={args.batch_order}"
+        f"batch_order={args.batch_order}, old_log_probs={args.old_log_probs}"
     )
     print(
         f"{'mode':<12} {'steps/min':>9} {'x colocate':>10} {'reward first':>12} {'reward last':>11} "

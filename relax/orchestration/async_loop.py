@@ -111,8 +111,9 @@ class StepFlow:
             except TimeoutError:
                 self.check()
         self.check()  # an Actor replaced while it trained answered from fresh state: not a result
-        for handle in self.stages.values():
-            metrics.update(handle.metrics.remote(step).result())
+        pending = [handle.metrics.remote(step) for handle in self.stages.values()]  # asked together
+        for response in pending:
+            metrics.update(response.result())
         return metrics
 
     def check(self) -> None:
