@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from async_flags import add_async_flags
+
 PEAK_FLOPS = 790e12  # H200 dense bf16
 QWEN25_05B = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
               "intermediate_size": 4864, "vocab_size": 151936}  # fmt: skip
@@ -184,20 +186,7 @@ def main() -> None:
         help="hybrid/fully_async: a weight push aborts in-flight requests, which resume under the new "
         "weights (otherwise the push waits for them, and the next step's tail with them)",
     )
-    p.add_argument(
-        "--batch-order",
-        choices=["step", "completion"],
-        default="completion",
-        help="hybrid/fully_async: `completion` trains each step on the first groups to finish, so a long "
-        "response trains in a later step instead of holding its own back (colocate always uses `step`)",
-    )
-    p.add_argument(
-        "--old-log-probs",
-        choices=["recompute", "rollout"],
-        default="recompute",
-        help="pi_old: a forward pass per step (ActorFwd in fully_async) or the engine's log-probs (all modes)",
-    )
-    p.add_argument("--max-aborts", type=int, default=16, help="times one sample may be aborted by a push")
+    add_async_flags(p, batch_order="completion", max_aborts=16)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="a tiny model (CPU smoke run)")

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from async_flags import add_async_flags
+
 logger = logging.getLogger(__name__)
 
 
@@ -102,20 +104,7 @@ def main() -> None:
     p.add_argument("--trainer-threads", type=int, default=1)
     p.add_argument("--data-plane", default="transferqueue", choices=["transferqueue", "ray"])
     p.add_argument("--partial-rollout", action="store_true")
-    p.add_argument(
-        "--batch-order",
-        choices=["step", "completion"],
-        default="step",
-        help="hybrid/fully_async: `completion` trains each step on the first groups to finish "
-        "(use with --partial-rollout); colocate always uses `step`",
-    )
-    p.add_argument("--max-aborts", type=int, default=2, help="times one sample may be aborted by a push")
-    p.add_argument(
-        "--old-log-probs",
-        choices=["recompute", "rollout"],
-        default="recompute",
-        help="pi_old: a forward pass per step, or the engine's log-probs (every mode)",
-    )
+    add_async_flags(p, batch_order="step", max_aborts=2)
     p.add_argument("--ray-cpus", type=int, default=8, help="logical CPUs declared to Ray")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
