@@ -98,13 +98,16 @@ def test_partial_rollout_and_resume(ray_cluster, tiny_model_dir, arith_file, tmp
 
 
 def test_completion_order_trains_long_groups_in_later_steps(ray_cluster, tiny_model_dir, arith_file, tmp_path):
-    """Every 4th prompt may answer with 48 tokens, the rest with 2: under `batch_order: completion` the
-    first steps fill with short groups (some drawn by the next step) and the long ones train later."""
+    """Every 4th prompt may answer with 48 tokens and is scored by a slow verifier, the rest answer with 2:
+    under `batch_order: completion` the first steps fill with short groups (some drawn by the next step)
+    and the long ones train later. The verifier's two seconds keep that order independent of how fast this
+    machine decodes 46 tokens compared with one round trip of a request."""
     rows = [json.loads(line) for line in arith_file.read_text().splitlines()]
     data = tmp_path / "tailed.jsonl"
     with data.open("w") as fh:
         for i, row in enumerate(rows):
-            fh.write(json.dumps({**row, "metadata": {"max_new_tokens": 48 if i % 4 == 0 else 2}}) + "\n")
+            long = i % 4 == 0
+            fh.write(json.dumps({**row, "metadata": {"max_new_tokens": 48 if long else 2, "slow": long}}) + "\n")
     extra = [
         f"data.train_files=[{data}]",
         "data.shuffle=false",
@@ -113,11 +116,15 @@ def test_completion_order_trains_long_groups_in_later_steps(ray_cluster, tiny_mo
         "rollout.batch_order=completion",
         "rollout.partial_rollout=true",
         "rollout.max_aborts=8",
+        "reward.name=tests.e2e.reward_fns:slow_on_long_rows",
+        "reward.kwargs={delay_s: 2.0}",
+        "reward.max_concurrency=256",  # the slow verifier does not queue the short groups behind it
     ]
     cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "hybrid", steps=4, extra=extra)
     assert Controller(cfg).run() == 4
     metrics = read_metrics(cfg)
     assert [r["rollout/num_samples"] for r in metrics] == [16 * 8] * 4
     assert sum(r["rollout/carried_groups"] for r in metrics) > 0, metrics
-    # step 1 takes short groups: its mean length is below the data's (a quarter of prompts at up to 48)
-    assert metrics[0]["rollout/response_len_mean"] < metrics[-1]["rollout/response_len_mean"], metrics
+    # step 1 fills with the 12 short groups it drew and 4 short ones drawn by step 2 (answers <= 2 tokens)
+    assert metrics[0]["rollout/response_len_mean"] <= 2.0, metrics
+    assert metrics[-1]["rollout/response_len_mean"] > 2.0, metrics
