@@ -60,7 +60,10 @@ class ActorRole(PlaneClient):
         self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
         self.num_ranks = cfg.trainer.num_ranks
         self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
-        self.train_columns = ROLLOUT_COLUMNS + [LOG_PROBS, ADVANTAGES]
+        # fully_async: under `old_log_probs: rollout` there is no ActorFwd and pi_old is filled from the
+        # rollout log-probs in `train_sync`
+        pi_old = [] if cfg.algorithm.old_log_probs == "rollout" else [LOG_PROBS]
+        self.train_columns = ROLLOUT_COLUMNS + pi_old + [ADVANTAGES]
         if needs_reference(cfg):
             self.train_columns.append(REF_LOG_PROBS)
         self.loss_fn = make_policy_loss(cfg.algorithm)
@@ -97,8 +100,12 @@ class ActorRole(PlaneClient):
                 data = await self.plane.get(partition, self.train_columns, "actor", total)
                 columns = data.columns
         self._received_step = step
-        metrics = await asyncio.to_thread(self.train_sync, batch_from_columns(columns), times)
+        with timer("decode", times):
+            batch = batch_from_columns(columns)
+        metrics = await asyncio.to_thread(self.train_sync, batch, times)
+        t0 = time.perf_counter()
         await self.plane.clear(partition)
+        metrics["perf/actor_clear_s"] = time.perf_counter() - t0
         return metrics
 
     async def _stream_forward(self, partition: str, total: int, times: dict[str, float]) -> dict[str, list]:
@@ -136,15 +143,15 @@ class ActorRole(PlaneClient):
 
     def train_sync(self, batch: TrainBatch, times: dict[str, float] | None = None) -> dict[str, float]:
         times = times if times is not None else {}
-        if batch.old_log_probs is None:  # a whole batch handed in directly (tests)
+        if batch.old_log_probs is None:  # a whole batch handed in (tests), or pi_old = behaviour policy
             with timer("old_log_probs", times):
                 if self.cfg.algorithm.old_log_probs == "rollout":
                     batch.old_log_probs = behaviour_log_probs(batch)
                 else:
                     batch.old_log_probs = self.trainer.compute_log_probs(batch)
-            if self.needs_reference:
-                with timer("ref_log_probs", times):
-                    batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
+        if self.needs_reference and batch.ref_log_probs is None:
+            with timer("ref_log_probs", times):
+                batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
         values = None
         if self.critic is not None:
             with timer("values", times):
@@ -153,12 +160,11 @@ class ActorRole(PlaneClient):
         if batch.advantages is None:
             with timer("advantages", times):
                 adv_metrics = batch_advantages(self.cfg, batch, values)
-        metrics = {
-            **staleness_metrics(
-                self.trainer.step, batch.extras.get("weight_versions", [[v] for v in batch.weight_versions])
-            ),
-            **self._ratio_check(batch),
-        }
+        metrics = staleness_metrics(
+            self.trainer.step, batch.extras.get("weight_versions", [[v] for v in batch.weight_versions])
+        )
+        with timer("ratio_check", times):
+            metrics.update(self._ratio_check(batch))
         if self.cfg.resources.debug_train_delay_s:
             time.sleep(self.cfg.resources.debug_train_delay_s)
         with timer("update", times):

@@ -99,8 +99,7 @@ class ActorFwdRole(PlaneClient):
 
     async def process(self, step: int, timeout_s: float | None = None) -> None:
         """Write this role's column for every row of step `step` (blocks on the weights, then on rows)."""
-        behaviour = not self.reference and self.cfg.algorithm.old_log_probs == "rollout"
-        if not self.reference and not behaviour:
+        if not self.reference:
             async with self._weights_changed:
                 await self._weights_changed.wait_for(lambda: self.trained_through >= step - 1)
         r = self.cfg.rollout
@@ -125,16 +124,13 @@ class ActorFwdRole(PlaneClient):
                 group_index=[0] * len(data),
                 weight_versions=[0] * len(data),
             )
-            if behaviour:  # pi_old is the engine's log-probs: no forward, no weights needed
-                logp = [torch.as_tensor(lp, dtype=torch.float32) for lp in batch.rollout_log_probs]
-            else:
-                logp = await asyncio.to_thread(
-                    forward_log_probs,
-                    self.model,
-                    batch,
-                    self.cfg.trainer.max_tokens_per_micro_batch,
-                    self.device,
-                )
+            logp = await asyncio.to_thread(
+                forward_log_probs,
+                self.model,
+                batch,
+                self.cfg.trainer.max_tokens_per_micro_batch,
+                self.device,
+            )
             await self.plane.put_columns(partition, data.indexes, {self.column: tensor_column(logp)})
             done += len(data)
 

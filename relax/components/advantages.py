@@ -19,13 +19,12 @@ from relax.algorithms.pipeline import compute_advantages
 from relax.algorithms.registry import get_algorithm
 from relax.config import RelaxConfig
 from relax.data.batch import TrainBatch, pad_ragged
-from relax.data.rows import batch_from_columns, tensor_column
+from relax.data.rows import tensor_column
 from relax.distributed.data_plane import (
     ADVANTAGES,
     LOG_PROBS,
     REF_LOG_PROBS,
     RETURNS,
-    ROLLOUT_COLUMNS,
     DataPlane,
     PlaneClient,
     partition_name,
@@ -38,7 +37,7 @@ def batch_advantages(
     cfg: RelaxConfig, batch: TrainBatch, values: list[torch.Tensor] | None
 ) -> dict[str, float]:
     """Fill `batch.advantages` (and `batch.returns`) for a whole step; returns `advantages/*` metrics."""
-    lens = batch.response_lens()
+    lens = [len(m) for m in batch.loss_mask]  # = response lengths; the token columns may be absent
     T = max(1, max(lens))
     out = compute_advantages(
         cfg.algorithm,
@@ -51,10 +50,39 @@ def batch_advantages(
         response_lengths_N=torch.tensor(lens),
         max_response_len=cfg.rollout.max_new_tokens,
     )
-    batch.advantages = [out.advantages_NT[i, : lens[i]] for i in range(len(batch))]
+    batch.advantages = [out.advantages_NT[i, : lens[i]] for i in range(len(lens))]
     if out.returns_NT is not None:
-        batch.returns = [out.returns_NT[i, : lens[i]] for i in range(len(batch))]
+        batch.returns = [out.returns_NT[i, : lens[i]] for i in range(len(lens))]
     return {f"advantages/{k}": v for k, v in out.metrics.items()}
+
+
+def pi_old_column(cfg: RelaxConfig) -> str:
+    """The column that holds pi_old's log-probs: ActorFwd's recomputation, or the engine's behaviour
+    log-probs under `algorithm.old_log_probs: rollout` (fully_async then deploys no ActorFwd)."""
+    return "rollout_log_probs" if cfg.algorithm.old_log_probs == "rollout" else LOG_PROBS
+
+
+def advantage_inputs(columns: dict[str, list], pi_old: str) -> TrainBatch:
+    """The batch `batch_advantages` reads, from only the columns it needs: masks, rewards, groups, pi_old
+    (and reference) log-probs. The token columns stay empty; fetching and decoding them was most of this
+    role's data-plane time."""
+    masks = [[float(m) for m in mask] for mask in columns["loss_mask"]]
+    n = len(masks)
+    return TrainBatch(
+        prompt_ids=[[] for _ in range(n)],
+        response_ids=[[] for _ in range(n)],
+        loss_mask=masks,
+        rollout_log_probs=[[] for _ in range(n)],
+        rewards=[float(r) for r in columns["reward"]],
+        group_index=[int(g) for g in columns["group_id"]],
+        weight_versions=[0] * n,
+        old_log_probs=[torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in columns[pi_old]],
+        ref_log_probs=(
+            [torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in columns[REF_LOG_PROBS]]
+            if REF_LOG_PROBS in columns
+            else None
+        ),
+    )
 
 
 def needs_reference(cfg: RelaxConfig) -> bool:
@@ -70,7 +98,10 @@ class AdvantagesRole(PlaneClient):
         setup_logging()
         self.cfg = cfg
         self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
-        self.inputs = ROLLOUT_COLUMNS + [LOG_PROBS] + ([REF_LOG_PROBS] if needs_reference(cfg) else [])
+        self.pi_old = pi_old_column(cfg)
+        self.inputs = ["loss_mask", "reward", "group_id", self.pi_old]
+        if needs_reference(cfg):
+            self.inputs.append(REF_LOG_PROBS)
         self.step_metrics: dict[int, dict[str, float]] = {}
         self.task = f"advantages-{uuid.uuid4().hex[:8]}"  # a restarted replica is a new consumer
         self._task: asyncio.Task | None = None
@@ -86,7 +117,7 @@ class AdvantagesRole(PlaneClient):
             r.rows_per_step,
             timeout_s=timeout_s,
         )
-        batch = batch_from_columns(data.columns)
+        batch = advantage_inputs(data.columns, self.pi_old)
         metrics = await asyncio.to_thread(batch_advantages, self.cfg, batch, None)
         columns = {ADVANTAGES: tensor_column(batch.advantages)}
         if batch.returns is not None:

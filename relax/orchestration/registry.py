@@ -54,6 +54,8 @@ def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
         from relax.components.actor_fwd import ActorFwdRole
         from relax.components.advantages import needs_reference
 
+        if cfg.algorithm.old_log_probs == "rollout":  # pi_old is the rollout column: nothing to compute
+            roles = [r for r in roles if r.name != "actor_fwd"]
         if needs_reference(cfg):
             roles.append(RoleSpec("reference", ActorFwdRole, 1.0, {"reference": True}))
     if cfg is not None and cfg.reward.genrm is not None:

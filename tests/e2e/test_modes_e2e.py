@@ -67,10 +67,13 @@ def test_staleness_bound_with_slow_trainer(ray_cluster, tiny_model_dir, arith_fi
             f"resources.max_staleness={staleness}",
             "resources.debug_train_delay_s=1.5",
             "resources.data_plane=ray",
+            # with staleness, pi_old is the behaviour policy: no ActorFwd, the Actor fills it in process
+            *(["algorithm.old_log_probs=rollout"] if staleness else []),
         ],
     )
     assert Controller(cfg).run() == 5
     rows = read_metrics(cfg)
+    assert all(("perf/actor_old_log_probs_s" in r) == bool(staleness) for r in rows)
     ahead = [r["staleness/rollout_ahead"] for r in rows]
     assert max(ahead) <= staleness
     assert max(r["staleness/max"] for r in rows) <= staleness

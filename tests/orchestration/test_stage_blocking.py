@@ -15,6 +15,7 @@ from relax.config import load_config
 from relax.data.rows import sample_to_row
 from relax.data.sample import Sample
 from relax.distributed.data_plane import ADVANTAGES, LOG_PROBS, REF_LOG_PROBS, LocalDataPlane
+from relax.orchestration.registry import roles_for_mode
 
 
 @pytest.fixture
@@ -95,20 +96,28 @@ def test_actor_does_not_train_on_rows_missing_a_column(cfg):
     asyncio.run(main())
 
 
-def test_rollout_log_probs_as_pi_old_need_no_forward_and_no_weights(cfg):
-    """`algorithm.old_log_probs: rollout`: ActorFwd writes the engine's log-probs at once (it does not
-    wait for weights), and the in-process Actor uses them too instead of forwarding."""
+def test_rollout_log_probs_as_pi_old_need_no_actor_fwd(cfg):
+    """`algorithm.old_log_probs: rollout`: fully_async deploys no ActorFwd; Advantages takes pi_old from
+    the rollout column and the Actor trains on rows that never get a `log_probs` column. The in-process
+    Actor (colocate, hybrid) uses the rollout log-probs too instead of forwarding."""
     cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"old_log_probs": "rollout"})})
+    assert "actor_fwd" not in [r.name for r in roles_for_mode("fully_async", cfg)]
+    assert "reference" in [r.name for r in roles_for_mode("fully_async", cfg)]  # kl_coef > 0
 
     async def main():
         plane = LocalDataPlane()
-        fwd = ActorFwdRole(cfg, plane=plane)
+        adv, actor = AdvantagesRole(cfg, plane=plane), ActorRole(cfg, plane=plane)
         rows = step_rows()
-        await plane.put_rows("train_1", rows)
-        await asyncio.wait_for(fwd.process(1), 30)  # no set_weights: it must not wait
-        data = await plane.get("train_1", [LOG_PROBS, "rollout_log_probs"], "check", 4)
-        for logp, mu in zip(data.columns[LOG_PROBS], data.columns["rollout_log_probs"], strict=True):
-            assert list(map(float, logp)) == list(map(float, mu))
+        ids = await plane.put_rows("train_1", rows)
+        task = asyncio.create_task(adv.process(1))
+        await asyncio.sleep(0.3)
+        assert not task.done()  # still waits for the reference
+        await plane.put_columns("train_1", ids, {REF_LOG_PROBS: [r["rollout_log_probs"] for r in rows]})
+        await asyncio.wait_for(task, 30)
+        assert LOG_PROBS not in plane.status("train_1")["columns"]
+        metrics = await asyncio.wait_for(actor.train(1), 60)
+        assert actor.trainer.step == 1 and "train/loss" in metrics
+        assert metrics["perf/actor_old_log_probs_s"] >= 0.0  # filled in process from the rollout column
 
     asyncio.run(main())
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0})
