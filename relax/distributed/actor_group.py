@@ -24,6 +24,7 @@ from relax.backends.training.base import LossFn
 from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker, merge_partials
 from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch
+from relax.utils.gc_freeze import with_frozen_startup
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class TrainerGroup:
                 }
                 for r in range(n)
             ]
-        rank_cls = ray.remote(FSDPWorker)
+        rank_cls = ray.remote(with_frozen_startup(FSDPWorker))  # each rank is its own process
         if gpus and n > 1 and cfg.ranks_see_all_gpus:
             # Ray would narrow CUDA_VISIBLE_DEVICES to the rank's own GPU; NCCL then cannot use
             # peer-to-peer copies between ranks and goes through host memory (FSDP's gathers and

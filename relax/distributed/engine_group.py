@@ -19,11 +19,13 @@ class EngineActor:
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any]) -> None:
         from relax.backends.inference.embedded.server import EngineServer
+        from relax.utils.gc_freeze import freeze_startup_objects
         from relax.utils.logging import setup_logging
 
         setup_logging()
         self.server = EngineServer(model_path, host="127.0.0.1", port=0, **engine_kwargs)
         self.server.start()
+        freeze_startup_objects()  # the engine's process: see relax/utils/gc_freeze.py
 
     def url(self) -> str:
         return self.server.url

@@ -122,10 +122,13 @@ class StepFlow:
             self.health.check(self.restart_stage)
         if not self.streaming:
             return
-        self.rollout.check.remote().result()
-        for handle in self.stages.values():
+        # asked together: one round trip instead of one per role (the driver waits on these every step)
+        rollout = self.rollout.check.remote()
+        stages = [handle.metrics.remote(-1) for handle in self.stages.values()]
+        rollout.result()
+        for response in stages:
             try:
-                handle.metrics.remote(-1).result()
+                response.result()
             except ReplicaGone:
                 if self.health is None:
                     raise  # without a HealthManager nobody would restart it

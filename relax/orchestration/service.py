@@ -72,6 +72,9 @@ def _application(
 ):
     from ray import serve
 
+    from relax.utils.gc_freeze import with_frozen_startup
+
+    cls = with_frozen_startup(cls)  # a replica is its own process: keep the collector off its start-up
     if heartbeat_s is not None:
         from relax.ops.heartbeat import with_heartbeat
 
