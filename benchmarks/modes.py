@@ -10,7 +10,10 @@ overlap them within the staleness bound.
     python benchmarks/modes.py --steps 20 --max-staleness 1
 
 prints steps per minute per mode (steady state: the first `--warmup` steps are left out), the ratio to
-colocate, and the first/last reward window means.
+colocate, and the first/last reward window means. This machine's speed drifts by 10-15% between runs,
+so `--repeats N` runs the modes N times in turn (colocate, hybrid, fully_async, colocate, ...) and
+reports the median steps/min per mode, the ratio of the medians, and each round's ratio to the colocate
+run beside it.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def main() -> None:
     p.add_argument("--partial-rollout", action="store_true")
     add_async_flags(p, batch_order="step", max_aborts=2)
     p.add_argument("--ray-cpus", type=int, default=8, help="logical CPUs declared to Ray")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of all modes, run in turn")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -116,23 +120,36 @@ def main() -> None:
     model = write_tiny_model(tmp / "tiny-qwen2", family="qwen2")
     data = long_tailed_data(tmp / "arith.jsonl", n=2000, cap=args.cap, alpha=args.alpha, seed=0)
     start_ray(None, num_cpus=args.ray_cpus, object_store_mb=1024)
-    results = {m: run_mode(m, args, model, data, tmp / "runs") for m in args.modes.split(",")}
-    base = results.get("colocate", {}).get("steps_per_min")
+    modes = args.modes.split(",")
+    rounds = [
+        {m: run_mode(m, args, model, data, tmp / f"runs-{k}") for m in modes} for k in range(args.repeats)
+    ]
     print(
         f"\nmodes benchmark: {args.steps} steps, max_staleness={args.max_staleness}, cap={args.cap}, "
         f"engine_threads={args.engine_threads}, trainer_threads={args.trainer_threads}, "
         f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout}, "
-        f"batch_order={args.batch_order}, old_log_probs={args.old_log_probs}"
+        f"batch_order={args.batch_order}, old_log_probs={args.old_log_probs}, repeats={args.repeats}"
     )
     print(
-        f"{'mode':<12} {'steps/min':>9} {'x colocate':>10} {'reward first':>12} {'reward last':>11} "
-        f"{'resp len':>8} {'stale max':>9}"
+        f"{'mode':<12} {'steps/min':>9} {'x colocate':>10} {'per round':>16} {'reward first':>12} "
+        f"{'reward last':>11} {'resp len':>8} {'stale max':>9}"
     )
-    for mode, r in results.items():
-        ratio = f"{r['steps_per_min'] / base:.2f}" if base else "-"
+    base = statistics.median(r["colocate"]["steps_per_min"] for r in rounds) if "colocate" in modes else None
+    for mode in modes:
+        runs = [r[mode] for r in rounds]
+        speed = statistics.median(x["steps_per_min"] for x in runs)
+        ratio = f"{speed / base:.2f}" if base else "-"
+        per_round = (
+            ",".join(f"{r[mode]['steps_per_min'] / r['colocate']['steps_per_min']:.2f}" for r in rounds)
+            if base
+            else "-"
+        )
         print(
-            f"{mode:<12} {r['steps_per_min']:>9.1f} {ratio:>10} {r['reward_first']:>12.3f} "
-            f"{r['reward_last']:>11.3f} {r['response_len_mean']:>8.1f} {r['staleness_max']:>9.0f}"
+            f"{mode:<12} {speed:>9.1f} {ratio:>10} {per_round:>16} "
+            f"{statistics.fmean(x['reward_first'] for x in runs):>12.3f} "
+            f"{statistics.fmean(x['reward_last'] for x in runs):>11.3f} "
+            f"{statistics.fmean(x['response_len_mean'] for x in runs):>8.1f} "
+            f"{max(x['staleness_max'] for x in runs):>9.0f}"
         )
 
 
