@@ -20,9 +20,9 @@ from relax.backends.training.critic_backend import TorchCritic
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.components.advantages import batch_advantages, needs_reference
 from relax.config import RelaxConfig
-from relax.data.batch import TrainBatch, pack_micro_batches
+from relax.data.batch import TrainBatch
 from relax.data.rows import batch_from_columns
-from relax.distributed.actor_group import TrainerGroup, subset
+from relax.distributed.actor_group import TrainerGroup
 from relax.distributed.data_plane import (
     ADVANTAGES,
     LOG_PROBS,
@@ -38,8 +38,6 @@ from relax.orchestration.staleness import staleness_metrics
 from relax.utils.timer import timer
 
 logger = logging.getLogger(__name__)
-
-RATIO_CHECK_ROWS = 32  # sequences forwarded for the on-policy ratio diagnostic
 
 
 class ActorRole(PlaneClient):
@@ -163,8 +161,6 @@ class ActorRole(PlaneClient):
         metrics = staleness_metrics(
             self.trainer.step, batch.extras.get("weight_versions", [[v] for v in batch.weight_versions])
         )
-        with timer("ratio_check", times):
-            metrics.update(self._ratio_check(batch))
         if self.cfg.resources.debug_train_delay_s:
             time.sleep(self.cfg.resources.debug_train_delay_s)
         with timer("update", times):
@@ -177,27 +173,6 @@ class ActorRole(PlaneClient):
         metrics.update({k.replace("perf/", "perf/actor_"): v for k, v in times.items()})
         metrics.update(self.sync_stats)  # the publish that gave the engines the weights of this rollout
         return metrics
-
-    def _ratio_check(self, batch: TrainBatch) -> dict[str, float]:
-        """pi_theta / pi_old (and pi_theta / mu) on the first micro-batch, before the update: exactly 1
-        when the run is on-policy and the old log-probs came from the current weights.
-
-        Only the first RATIO_CHECK_ROWS sequences are forwarded: the check is a diagnostic, and one
-        full micro-batch forward per step cost a tenth of a CPU step on the toy task."""
-        first = pack_micro_batches(batch.seq_lens(), self.cfg.trainer.max_tokens_per_micro_batch)[0]
-        idx = first[:RATIO_CHECK_ROWS]
-        sub = subset(batch, idx)
-        current = self.trainer.compute_log_probs(sub)
-        dev_old, dev_mu = 0.0, 0.0
-        for k, i in enumerate(idx):
-            m = torch.tensor(batch.loss_mask[i]) > 0
-            if not m.any():
-                continue
-            dev_old = max(dev_old, float((current[k] - batch.old_log_probs[i]).exp().sub(1).abs()[m].max()))
-            mu = torch.tensor(batch.rollout_log_probs[i])
-            if mu.numel() == current[k].numel():
-                dev_mu = max(dev_mu, float((current[k] - mu).exp().sub(1).abs()[m].max()))
-        return {"staleness/first_mb_ratio_dev": dev_old, "staleness/first_mb_behaviour_ratio_dev": dev_mu}
 
     # -- weights -----------------------------------------------------------------------------
     async def connect_engines(self, urls: list[str]) -> None:

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 from relax.algorithms.pipeline import PolicyLossInputs, ValueLossInputs
 from relax.backends.training import forward as fw
 from relax.backends.training import lora
-from relax.backends.training.base import LossFn
+from relax.backends.training.base import LossFn, RatioCheck, has_behaviour
 from relax.backends.training.torch_backend import (
     DTYPES,
     enable_activation_checkpointing,
@@ -210,8 +210,13 @@ class FSDPWorker:
         to be merged over ranks with `merge_partials`."""
         longest = max([max(m.response_lens(), default=1) for m in minis], default=1)
         max_len = int(self._all_reduce([longest], dist.ReduceOp.MAX)[0])
+        check = RatioCheck()
         with self._profiled(self.step + 1):
-            out = [self._optimizer_step(mini, loss_fn, max_len) for mini in minis]
+            out = [
+                self._optimizer_step(mini, loss_fn, max_len, check if k == 0 else None)
+                for k, mini in enumerate(minis)
+            ]
+        out[0]["ratio_check"] = check.result()
         self.step += 1
         return out
 
@@ -239,7 +244,9 @@ class FSDPWorker:
             table += "\n" + " ".join(f"{k}={st.get(k, 0)}" for k in keys) + "\n"
         (out / f"train_step{step}_rank{self.rank}.txt").write_text(table)
 
-    def _optimizer_step(self, mini: TrainBatch, loss_fn: LossFn, max_len: int) -> dict[str, Any]:
+    def _optimizer_step(
+        self, mini: TrainBatch, loss_fn: LossFn, max_len: int, check: RatioCheck | None
+    ) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         tokens, seqs = self._all_reduce([sum(sum(m) for m in mini.loss_mask), len(mini)])
@@ -255,6 +262,8 @@ class FSDPWorker:
                 (out.sum() * 0.0).backward()
                 continue
             inputs = self._loss_inputs(mini, mb, max(tokens, 1.0), seqs, max_len)
+            if check is not None and isinstance(inputs, PolicyLossInputs):
+                check.add(inputs, has_behaviour(mini, idx))
             loss, metrics = loss_fn(inputs)
             loss.backward()
             loss_total += float(loss.detach())
@@ -467,4 +476,7 @@ def merge_partials(per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
             metrics["perf/rank_update_s"] = max(p["seconds"] for p in parts) * steps
         for name, v in metrics.items():
             totals[name] = totals.get(name, 0.0) + v / steps
+    for r in per_rank:  # the ratio check of the first step: the largest deviation of any rank
+        for name, v in r[0].get("ratio_check", {}).items():
+            totals[name] = max(totals.get(name, 0.0), v)
     return totals

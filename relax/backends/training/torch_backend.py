@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from relax.algorithms.pipeline import PolicyLossInputs
-from relax.backends.training.base import LossFn
+from relax.backends.training.base import LossFn, RatioCheck, has_behaviour
 from relax.backends.training.logprobs import (
     decoder_hidden,
     plain_head,
@@ -167,14 +167,17 @@ class TorchTrainer:
         n = len(batch)
         minis = [list(range(n))[k :: self.cfg.num_mini_batches] for k in range(self.cfg.num_mini_batches)]
         totals: dict[str, float] = {}
-        for mini in minis:
-            metrics = self._optimizer_step(batch, mini, loss_fn)
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v / len(minis)
+        check = RatioCheck()
+        for k, mini in enumerate(minis):
+            metrics = self._optimizer_step(batch, mini, loss_fn, check if k == 0 else None)
+            for name, v in metrics.items():
+                totals[name] = totals.get(name, 0.0) + v / len(minis)
         self.step += 1
-        return totals
+        return {**totals, **check.result()}
 
-    def _optimizer_step(self, batch: TrainBatch, mini: list[int], loss_fn: LossFn) -> dict[str, float]:
+    def _optimizer_step(
+        self, batch: TrainBatch, mini: list[int], loss_fn: LossFn, check: RatioCheck | None
+    ) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         global_tokens = float(sum(sum(batch.loss_mask[i]) for i in mini))
         lengths = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in mini]
@@ -199,6 +202,8 @@ class TorchTrainer:
                 global_num_seqs=float(len(mini)),
                 max_response_len=int(max(batch.response_lens()) or 1),
             )
+            if check is not None:
+                check.add(inputs, has_behaviour(batch, idx))
             loss, metrics = loss_fn(inputs)
             loss.backward()
             loss_total += float(loss.detach())

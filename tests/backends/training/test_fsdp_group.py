@@ -66,6 +66,7 @@ def test_one_rank_two_ranks_and_micro_batches_give_the_same_update(tiny_model_di
         assert group.step == 1
         assert abs(metrics["train/loss"] - want["train/loss"]) < 1e-5, ranks
         assert abs(metrics["train/grad_norm"] - want["train/grad_norm"]) < 1e-4, ranks
+        assert metrics["staleness/first_mb_ratio_dev"] < 1e-4, ranks  # on-policy: the max over ranks
         # After one AdamW step exp_avg = (1 - beta1) * grad: the accumulated, all-reduced gradient.
         grads = group.gather_optimizer_state("exp_avg")
         for name, g in want_grad.items():

@@ -33,4 +33,3 @@ def test_all_gpus_visible_takes_ray_s_gpu(assigned):
 def test_narrowed_devices_take_device_zero(assigned):
     assert assigned([1], noset="0") == 0
     assert assigned([]) == 0
-

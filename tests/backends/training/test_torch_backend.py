@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -106,3 +108,30 @@ def test_weight_version_counts_training_steps_not_mini_batches(tiny_model_dir):
     assert tr.step == 1
     assert tr.scheduler.last_epoch == 3  # the schedule still advances per optimizer step
     assert any(not torch.equal(v, before[k]) for k, v in tr.model.state_dict().items())
+
+
+def test_ratio_check_reads_the_first_optimizer_step(tiny_model_dir):
+    """The on-policy check comes from the training forward of the first mini-batch (before any update),
+    with no extra forward: 1 when pi_old came from these weights, the exact ratio where it did not, and
+    rows without engine log-probs left out of the behaviour ratio."""
+    tr = TorchTrainer(
+        str(tiny_model_dir), TrainerConfig(lr=1e-2, num_mini_batches=2, max_tokens_per_micro_batch=12)
+    )
+    loss = make_policy_loss(AlgorithmConfig())
+    b = make_batch()  # mini-batches [0, 2, 4] and [1, 3, 5]
+    b.old_log_probs = tr.compute_log_probs(b)
+    b.rollout_log_probs = [lp.tolist() for lp in b.old_log_probs]
+    b.rollout_log_probs[4] = []  # no engine log-probs for this row
+    b.old_log_probs[1] = b.old_log_probs[1] + 0.5  # off by 0.5, but in the second mini-batch
+    m = tr.train_batch(b, loss)
+    assert m["staleness/first_mb_ratio_dev"] < 1e-5
+    assert m["staleness/first_mb_behaviour_ratio_dev"] < 1e-5
+
+    b.old_log_probs = tr.compute_log_probs(b)
+    b.rollout_log_probs = [lp.tolist() for lp in b.old_log_probs]
+    b.old_log_probs[2] = b.old_log_probs[2].clone()
+    b.old_log_probs[2][0] += 0.5  # one token of the first mini-batch: ratio exp(-0.5)
+    b.rollout_log_probs[0][0] -= 0.25  # behaviour ratio exp(0.25)
+    m = tr.train_batch(b, loss)
+    assert abs(m["staleness/first_mb_ratio_dev"] - (1 - math.exp(-0.5))) < 1e-4
+    assert abs(m["staleness/first_mb_behaviour_ratio_dev"] - (math.exp(0.25) - 1)) < 1e-4
