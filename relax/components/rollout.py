@@ -237,6 +237,22 @@ class RolloutRole(PlaneClient):
         if (err := self._failure()) is not None:
             raise err
 
+    async def prepare_weight_update(self, replace_dead: bool) -> dict:
+        """`begin_weight_update`, then `elastic_plan`, then (only when the plan is None, and with
+        `replace_dead`) `replace_dead_engines`, in one call: the driver's usual push takes three round
+        trips (prepare, push, finish) instead of six (~8 ms each on 2 CPU cores).
+        Returns {"plan": elastic_plan's answer, "replaced": replace_dead_engines' answer or None}."""
+        await self.begin_weight_update()
+        plan = await self.elastic_plan()
+        replaced = await self.replace_dead_engines() if replace_dead and plan is None else None
+        return {"plan": plan, "replaced": replaced}
+
+    async def finish_weight_update(self, trained_step: int, admit: bool) -> list[str]:
+        """`admit_engines` (after a push that reached them) and `end_weight_update`, in one call."""
+        admitted = self.admit_engines() if admit else []
+        await self.end_weight_update(trained_step)
+        return admitted
+
     async def begin_weight_update(self) -> None:
         """Before a weight push: abort (partial rollout) or wait for in-flight generation."""
         await self.loop.inflight.begin_update()

@@ -51,54 +51,59 @@ class StepFlow:
 
     def push_weights(self, trained_step: int) -> int:
         """Publish the weights trained through `trained_step` to the engines (and ActorFwd): the Rollout
-        first waits for or aborts in-flight generation, then resumes and counts the step consumed."""
-        self.rollout.begin_weight_update.remote().result()
+        first waits for or aborts in-flight generation, then resumes and counts the step consumed.
+
+        Three calls in the usual case: the Rollout's `prepare_weight_update` (stop generation, elastic
+        plan, failed engines replaced), the Actor's push, and `finish_weight_update` (admit replaced
+        engines, resume generation)."""
+        admit = False
         try:
-            plan = self._apply_engine_changes()
+            prep = self.rollout.prepare_weight_update.remote(self.health is not None).result()
+            plan = self._apply_engine_changes(prep["plan"])
             if plan is None and self._regroup:
                 urls = self.rollout.engine_urls.remote().result()
                 self.actor.connect_engines.remote(urls + self.receivers).result()
             self._regroup = False
-            version = self._push_to_live_engines()
+            version = self._push_to_live_engines(prep["replaced"])
+            admit = self.health is not None
             if plan is not None:
                 self.rollout.elastic_pushed.remote(version).result()
             if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
                 self.stages["actor_fwd"].mark_trained.remote(trained_step).result()
         finally:
-            self.rollout.end_weight_update.remote(trained_step).result()
+            self.rollout.finish_weight_update.remote(trained_step, admit).result()
         return version
 
-    def _apply_engine_changes(self) -> list[str] | None:
+    def _apply_engine_changes(self, plan: list[str] | None) -> list[str] | None:
         """Elastic scaling: engines join or leave the weight-sync group here, where the trainer is
         idle; a group that cannot be formed with the joining engines is formed without them."""
-        plan = self.rollout.elastic_plan.remote().result()
         if plan is None:
             return None
         try:
             self.actor.connect_engines.remote(plan + self.receivers).result()
         except Exception as e:  # noqa: BLE001 - the joining engines fail; training goes on without them
-            logger.warning("weight-sync group with %s failed (%s); forming it without the new engines", plan, e)
+            logger.warning(
+                "weight-sync group with %s failed (%s); forming it without the new engines", plan, e
+            )
             plan = self.rollout.elastic_join_failed.remote(str(e)).result()
             self.actor.connect_engines.remote(plan + self.receivers).result()
         self.rollout.elastic_group_formed.remote(plan).result()
         return plan
 
-    def _push_to_live_engines(self) -> int:
-        """The Actor's push; with a HealthManager, failed engines are replaced first, and a push that an
-        engine's death breaks is retried once on the re-formed group."""
+    def _push_to_live_engines(self, replaced: dict | None) -> int:
+        """The Actor's push; with a HealthManager, failed engines are replaced first (`replaced`: the
+        Rollout's answer already fetched by `prepare_weight_update`), and a push that an engine's death
+        breaks is retried once on the re-formed group. The replaced engines are admitted afterwards by
+        `finish_weight_update`."""
         if self.health is None:
             return self.actor.push_weights.remote().result()
-        for attempt in (1, 2):
-            self.health.engines_before_push(self.rollout, self.actor, self.receivers)
-            try:
-                version = self.actor.push_weights.remote().result()
-                break
-            except Exception:
-                if attempt == 2:
-                    raise
-                logger.exception("weight push failed; checking the engines and pushing again")
-        self.health.engines_after_push(self.rollout)
-        return version
+        self.health.engines_before_push(self.rollout, self.actor, self.receivers, replaced)
+        try:
+            return self.actor.push_weights.remote().result()
+        except Exception:
+            logger.exception("weight push failed; checking the engines and pushing again")
+        self.health.engines_before_push(self.rollout, self.actor, self.receivers)  # asks the Rollout again
+        return self.actor.push_weights.remote().result()
 
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface."""

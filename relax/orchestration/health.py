@@ -12,7 +12,8 @@ costs.
   restart of every role from the last checkpoint.
 * **Inference engines** are checked before every weight push (`engines_before_push`): the Rollout
   replaces failed ones, the Actor re-forms its weight-sync group with the survivors and replacements, so a
-  push never waits on a dead engine; replacements take requests only after the push (`engines_after_push`).
+  push never waits on a dead engine; replacements take requests only after the push (the Rollout's
+  `finish_weight_update`).
 
 Counts of restarts are reported to the Metrics service as `health/*`.
 """
@@ -121,19 +122,20 @@ class HealthManager:
             self.watch([name], replacing=name)
 
     # -- engines -----------------------------------------------------------------------------
-    def engines_before_push(self, rollout: Any, actor: Any, receivers: list[str] | None = None) -> None:
+    def engines_before_push(
+        self, rollout: Any, actor: Any, receivers: list[str] | None = None, info: dict | None = None
+    ) -> None:
         """Replace failed engines and re-form the weight-sync group (engines plus other weight `receivers`,
-        such as ActorFwd), so the push reaches only live ones."""
-        info = rollout.replace_dead_engines.remote().result()
+        such as ActorFwd), so the push reaches only live ones. `info`: the Rollout's
+        `replace_dead_engines` answer when the caller already has it (`prepare_weight_update`)."""
+        if info is None:
+            info = rollout.replace_dead_engines.remote().result()
         if info["replaced"]:
             self.engine_restarts += info["replaced"]
             self.notifier.restart(
                 "engine", f"{info['replaced']} inference engine(s) replaced; engines now {info['urls']}"
             )
             actor.connect_engines.remote(info["urls"] + list(receivers or [])).result()
-
-    def engines_after_push(self, rollout: Any) -> None:
-        rollout.admit_engines.remote().result()
 
     def metrics(self) -> dict[str, float]:
         return {
