@@ -34,6 +34,7 @@ from relax.distributed.data_plane import (
 )
 from relax.distributed.samplers import balance_partitions
 from relax.distributed.weight_publisher import WeightPublisher
+from relax.distributed.weight_sync import without_tied
 from relax.orchestration.staleness import staleness_metrics
 from relax.utils.timer import timer
 
@@ -191,7 +192,7 @@ class ActorRole(PlaneClient):
             )
             self.sync_stats.pop("tensors", None)
         else:
-            named = list(self.trainer.named_weights())
+            named = without_tied(self.trainer.named_weights())
             seconds = await self.publisher.publish(named, version)
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
             self.sync_stats = {"perf/weight_sync_bytes": float(nbytes), "perf/weight_publish_s": seconds}

@@ -274,6 +274,21 @@ async def _all_or_first_error(tasks: list[asyncio.Task]) -> None:
             raise t.exception()
 
 
+def without_tied(named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
+    """Drop each tensor that is a view of the same memory as one kept before it: the LM head of a
+    tied-embedding model (`lm_head.weight` is `embed_tokens.weight`). Receivers tie them the same way
+    (the transformers model class at load; SGLang skips `lm_head.weight` under `tie_word_embeddings`),
+    so the embedding alone updates both; sending the head again cost 22% of a Qwen2.5-0.5B push."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    out = []
+    for name, t in named:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            out.append((name, t))
+    return out
+
+
 def save_weights_to_disk(named_tensors: Iterable[tuple[str, Tensor]], out_dir: str | Path) -> Path:
     """Write `model.safetensors` in `out_dir` (for `/update_weights_from_disk`); returns the folder."""
     from safetensors.torch import save_file

@@ -326,16 +326,17 @@ class FSDPWorker:
 
     # -- weights -----------------------------------------------------------------------------
     def weight_stream(
-        self, mode: str = "full", dtype: torch.dtype | None = None
+        self, mode: str = "full", dtype: torch.dtype | None = None, skip_tied: bool = False
     ) -> Iterator[tuple[str, Tensor]]:
         """Full tensors under engine names, gathered one at a time (collective on every rank).
 
         mode: `full` (every weight; LoRA merged), `merged` (only LoRA-adapted modules, merged),
-        `adapter` (LoRA adapter tensors only).
+        `adapter` (LoRA adapter tensors only). `skip_tied`: a weight tied to one already sent (the
+        LM head of a tied-embedding model) is neither gathered nor sent (see `without_tied`).
         """
         model = self.model
         if self.cfg.lora is None or mode == "full":
-            items = lora.full_weights(model, full) if self.cfg.lora else _plain_weights(model)
+            items = lora.full_weights(model, full) if self.cfg.lora else _plain_weights(model, skip_tied)
         elif mode == "merged":
             items = lora.merged_weights(model, full)
         elif mode == "adapter":
@@ -366,7 +367,7 @@ class FSDPWorker:
 
     def publish(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
         """Gather full weights in buckets; rank 0 broadcasts each to the engines. Returns bytes and time."""
-        stream = self.weight_stream(mode, DTYPES[dtype] if dtype else None)
+        stream = self.weight_stream(mode, DTYPES[dtype] if dtype else None, skip_tied=True)
         return self._publisher().publish(stream, version, sender=self.rank == 0)
 
     def _publisher(self) -> Any:
@@ -437,9 +438,13 @@ class FSDPWorker:
             dist.destroy_process_group()
 
 
-def _plain_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    for name, t in model.state_dict().items():
-        yield name, full(t)
+def _plain_weights(model: nn.Module, skip_tied: bool = False) -> Iterator[tuple[str, Tensor]]:
+    seen: set[int] = set()
+    for name, t in model.state_dict(keep_vars=True).items():  # the parameters: tied ones are one object
+        if skip_tied and id(t) in seen:
+            continue
+        seen.add(id(t))
+        yield name, full(t.detach())
 
 
 def assigned_gpu_index() -> int:

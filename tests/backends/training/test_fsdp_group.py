@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from test_torch_backend import make_batch
 
 from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_policy_loss
+from relax.backends.inference.client import EngineClient
+from relax.backends.inference.embedded.server import EngineServer
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config.schema import TrainerConfig
 from relax.distributed.actor_group import TrainerGroup, balance_by_tokens, subset
@@ -108,3 +112,37 @@ def _assert_weights_close(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for name, w in got.items():
         torch.testing.assert_close(w, want[name], atol=1e-4, rtol=1e-4)
+
+
+def test_full_publish_skips_the_tied_head_and_the_engine_matches(tiny_model_dir, groups):
+    """2 ranks publish every weight but the LM head, which is the embedding (tie_word_embeddings): the
+    engine ties it the same way, so its log-probs then match the trainer's."""
+    group = groups[2]
+    train_step(group, make_batch(seed=4))
+    full = dict(group.named_weights())
+    assert "lm_head.weight" in full  # the trainer's state dict still names it
+    server = EngineServer(str(tiny_model_dir), port=0, seed=0, dtype="float32")
+    server.start()
+    try:
+        group.connect_engines([server.url])
+        stats = group.publish(version=group.step)
+        head = full["lm_head.weight"]
+        assert stats["perf/weight_sync_bytes"] == sum(t.numel() * t.element_size() for t in full.values()) - (
+            head.numel() * head.element_size()
+        )
+
+        async def sample():
+            client = EngineClient(server.url, timeout_s=60)
+            try:
+                return await client.generate([5, 6, 7, 8], {"max_new_tokens": 6, "ignore_eos": True})
+            finally:
+                await client.close()
+
+        out = asyncio.run(sample())
+        assert out.weight_version == str(group.step)
+        batch = make_batch(n=1)
+        batch.prompt_ids, batch.response_ids = [[5, 6, 7, 8]], [out.output_ids]
+        got = group.compute_log_probs(batch)[0]
+        torch.testing.assert_close(torch.tensor(out.output_log_probs), got, atol=1e-4, rtol=1e-4)
+    finally:
+        server.stop()
