@@ -90,17 +90,22 @@ class GpuMemoryPeak:
         self._thread.join(timeout=15)
 
 
-def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: Path, gpus: int) -> dict:
+# Variants run under their own name: a mode plus overrides.
+VARIANTS = {"colocate-p2p": ("colocate", ["trainer.ranks_see_all_gpus=true"])}
+
+
+def run_mode(name: str, args: argparse.Namespace, model: Path, data: Path, out: Path, gpus: int) -> dict:
     from relax.config import load_config
     from relax.orchestration.controller import Controller
 
+    mode, extra = VARIANTS.get(name, (name, []))
     split = mode != "colocate"
     engines = max(1, gpus // 2) if split and gpus else max(1, gpus)
     ranks = max(1, gpus - engines) if split and gpus else max(1, gpus)
     overrides = [
         f"model.path={model}", f"model.dtype={args.dtype}", f"data.train_files=[{data}]",
         "data.apply_chat_template=false", "data.max_prompt_len=2048",
-        f"run.output_dir={out}", f"run.name={mode}", f"run.seed={args.seed}",
+        f"run.output_dir={out}", f"run.name={name}", f"run.seed={args.seed}",
         f"resources.mode={mode}", f"resources.max_staleness={0 if mode == 'colocate' else args.max_staleness}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.max_new_tokens={args.cap}", f"rollout.num_engines={engines}",
@@ -112,7 +117,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
         "eval.sets=[]", f"rollout.partial_rollout={str(split and args.partial_rollout).lower()}",
         f"rollout.batch_order={args.batch_order if split else 'step'}", f"rollout.max_aborts={args.max_aborts}",
     ]  # fmt: skip
-    cfg = load_config(args.base_config, overrides)
+    cfg = load_config(args.base_config, [*overrides, *extra, *args.set])
     with GpuMemoryPeak() as mem:
         t0 = time.perf_counter()
         Controller(cfg).run()
@@ -133,7 +138,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
     rewards = [r["rollout/reward_mean"] for r in rows]
     w = max(1, min(3, len(rewards) // 3))
     return {
-        "engines": engines, "ranks": ranks, "wall_s": wall,
+        "engines": engines, "ranks": ranks, "wall_s": wall, "metrics": str(cfg.run.run_dir / "metrics.jsonl"),
         "steps_per_min": 60.0 * len(steady) / step_s,
         "gen_tok_s": gen_tokens / step_s,
         "mfu": mfu if gpus else float("nan"),
@@ -168,7 +173,12 @@ def _prod(shape: list[int]) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modes", default="colocate,fully_async,hybrid")
+    p.add_argument(
+        "--modes",
+        default="colocate,fully_async,hybrid",
+        help=f"modes to run in turn; also the variants {sorted(VARIANTS)} (a mode plus overrides)",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, every mode")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the rates")
     p.add_argument("--max-staleness", type=int, default=1)
@@ -219,7 +229,8 @@ def main() -> None:
     for mode in args.modes.split(","):
         results[mode] = run_mode(mode, args, model, data, tmp / "runs", gpus)
         print(f"{mode}: {json.dumps(results[mode])}", flush=True)
-    base = results.get("colocate", {}).get("steps_per_min")
+        print(f"  per-step metrics: {results[mode]['metrics']}", flush=True)
+    base = results.get("colocate", results.get("colocate-p2p", {})).get("steps_per_min")
     print(f"\nGPU e2e: {gpus} GPUs, {args.steps} steps ({args.warmup} warm-up), {args.prompts}x{args.n} "
           f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout}, "
           f"batch_order {args.batch_order}, old_log_probs {args.old_log_probs}")  # fmt: skip
