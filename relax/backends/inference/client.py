@@ -4,16 +4,21 @@ servers alike (it sends only SGLang's native field names; see `protocol.py`).
 Errors: an engine that does not answer (refused connection, timeout, dropped connection) raises
 `EngineUnavailableError` naming the URL and what to check; an answer with status >= 400 raises
 `EngineRequestError` carrying the server's message.
+
+Transport: aiohttp (a dependency of Ray Serve already). At 64 concurrent `/generate` requests httpx
+spent 14.6 ms of client CPU per request against aiohttp's 0.37 ms, and answered 60 requests/s against
+600 (`python benchmarks/engine_client.py`); the Rollout replica shares its cores with engines and trainer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 logger = logging.getLogger(__name__)
 
@@ -67,28 +72,60 @@ class GenerateOutput:
         )
 
 
+@dataclass
+class Reply:
+    """An engine's answer, read in full."""
+
+    status: int
+    body: bytes
+    reason: str
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
 class EngineClient:
-    def __init__(self, base_url: str, timeout_s: float = 300.0, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 10.0,
+        max_connections: int = 1024,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        self._client: httpx.AsyncClient | None = None
+        self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _http(self) -> httpx.AsyncClient:
-        # An httpx.AsyncClient is bound to the event loop it first ran on; make one per loop.
+    def _timeout(self, total: float | None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout_s)
+
+    def _http(self) -> aiohttp.ClientSession:
+        # A session is bound to the event loop it was made on; make one per loop.
         loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout)
+        if self._session is None or self._loop is not loop or self._session.closed:
+            if self._session is not None:
+                _abandon(self._session, self._loop)
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                timeout=self._timeout(self.timeout_s),
+            )
             self._loop = loop
-        return self._client
+        return self._session
 
     async def close(self) -> None:
-        if self._client is not None:
-            try:
-                await self._client.aclose()
-            except RuntimeError:  # its loop is gone
-                pass
-            self._client = None
+        session, self._session = self._session, None
+        if session is None:
+            return
+        if self._loop is asyncio.get_running_loop():
+            await session.close()
+        else:
+            _abandon(session, self._loop)
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -98,26 +135,27 @@ class EngineClient:
 
     async def _request(
         self, method: str, path: str, body: dict | None = None, timeout: float | None = None
-    ) -> httpx.Response:
+    ) -> Reply:
         url = f"{self.base_url}{path}"
         kwargs: dict[str, Any] = {} if body is None else {"json": body}
         if timeout is not None:
-            kwargs["timeout"] = timeout
+            kwargs["timeout"] = self._timeout(timeout)
         try:
-            resp = await self._http().request(method, path, **kwargs)
-        except httpx.TimeoutException as e:
+            async with self._http().request(method, url, **kwargs) as resp:
+                reply = Reply(resp.status, await resp.read(), resp.reason or "")
+        except TimeoutError as e:  # aiohttp's timeouts derive from it
             raise EngineUnavailableError(
                 f"inference engine at {url} did not answer in time ({type(e).__name__}); check that it is running "
                 "and not overloaded, or raise the client's timeout_s"
             ) from e
-        except httpx.TransportError as e:
+        except aiohttp.ClientError as e:
             raise EngineUnavailableError(
                 f"inference engine at {url} is unreachable ({type(e).__name__}: {e}); check that the engine "
                 "process is running and listening on that host and port"
             ) from e
-        if resp.status_code >= 400:
-            raise EngineRequestError(url, resp.status_code, _error_message(resp))
-        return resp
+        if reply.status >= 400:
+            raise EngineRequestError(url, reply.status, _error_message(reply))
+        return reply
 
     # -- generation -----------------------------------------------------------------------------
     async def generate(
@@ -268,11 +306,11 @@ class EngineClient:
         )
 
 
-def _error_message(resp: httpx.Response) -> str:
+def _error_message(resp: Reply) -> str:
     try:
         data = resp.json()
     except ValueError:
-        return resp.text.strip() or resp.reason_phrase
+        return resp.text.strip() or resp.reason
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and "message" in err:
@@ -281,6 +319,21 @@ def _error_message(resp: httpx.Response) -> str:
             if key in data:
                 return str(data[key])
     return str(data)
+
+
+def _abandon(session: aiohttp.ClientSession, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Close a session made on another event loop: on that loop if it still runs; otherwise mark it
+    closed in place (nothing can run on a closed loop, and its sockets went with it) so that aiohttp
+    does not report it unclosed when it is collected."""
+    if loop is not None and loop.is_running() and not loop.is_closed():
+        asyncio.run_coroutine_threadsafe(session.close(), loop)
+        return
+    connector = session.connector
+    session.detach()
+    if connector is not None and (loop is None or loop.is_closed()):
+        # aiohttp's public close() is a coroutine, and nothing can await it on a closed loop; its
+        # synchronous part marks the connector closed and, with the loop closed, does nothing else.
+        connector._close()  # noqa: SLF001
 
 
 def _checked(url: str, data: dict[str, Any]) -> dict[str, Any]:
