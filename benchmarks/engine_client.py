@@ -25,7 +25,11 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-BODY = {"input_ids": [5, 6, 7, 8, 9, 10, 11, 12], "sampling_params": {"max_new_tokens": 1}, "return_logprob": True}
+BODY = {
+    "input_ids": [5, 6, 7, 8, 9, 10, 11, 12],
+    "sampling_params": {"max_new_tokens": 1},
+    "return_logprob": True,
+}
 
 
 async def _run_httpx(url: str, n: int, conc: int) -> None:
@@ -109,7 +113,10 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    med = {k: (statistics.median(c for c, _ in v), statistics.median(r for _, r in v)) for k, v in results.items()}
+    med = {
+        k: (statistics.median(c for c, _ in v), statistics.median(r for _, r in v))
+        for k, v in results.items()
+    }
     print(f"{args.requests} requests, {args.concurrency} at a time, {args.rounds} rounds (medians)")
     for kind, (cpu, rps) in med.items():
         print(f"{kind:<8} client CPU {cpu:6.3f} s / 1000 requests   {rps:7.1f} requests/s")

@@ -178,7 +178,9 @@ def main() -> None:
         default="colocate,fully_async,hybrid",
         help=f"modes to run in turn; also the variants {sorted(VARIANTS)} (a mode plus overrides)",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, every mode")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="config override, every mode"
+    )
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the rates")
     p.add_argument("--max-staleness", type=int, default=1)
