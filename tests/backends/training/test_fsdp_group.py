@@ -131,18 +131,25 @@ def test_full_publish_skips_the_tied_head_and_the_engine_matches(tiny_model_dir,
             head.numel() * head.element_size()
         )
 
-        async def sample():
-            client = EngineClient(server.url, timeout_s=60)
-            try:
-                return await client.generate([5, 6, 7, 8], {"max_new_tokens": 6, "ignore_eos": True})
-            finally:
-                await client.close()
-
-        out = asyncio.run(sample())
-        assert out.weight_version == str(group.step)
-        batch = make_batch(n=1)
-        batch.prompt_ids, batch.response_ids = [[5, 6, 7, 8]], [out.output_ids]
-        got = group.compute_log_probs(batch)[0]
-        torch.testing.assert_close(torch.tensor(out.output_log_probs), got, atol=1e-4, rtol=1e-4)
+        assert_engine_matches(group, server.url)
     finally:
         server.stop()
+
+
+def assert_engine_matches(group: TrainerGroup, url: str) -> None:
+    """The engine at `url` reports the group's weight version, and its log-probs of a sampled answer
+    are the group's."""
+
+    async def sample():
+        client = EngineClient(url, timeout_s=60)
+        try:
+            return await client.generate([5, 6, 7, 8], {"max_new_tokens": 6, "ignore_eos": True})
+        finally:
+            await client.close()
+
+    out = asyncio.run(sample())
+    assert out.weight_version == str(group.step)
+    batch = make_batch(n=1)
+    batch.prompt_ids, batch.response_ids = [[5, 6, 7, 8]], [out.output_ids]
+    got = group.compute_log_probs(batch)[0]
+    torch.testing.assert_close(torch.tensor(out.output_log_probs), got, atol=1e-4, rtol=1e-4)

@@ -3,16 +3,13 @@ engine then matches the trainer; `relax export` writes folders that `from_pretra
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 import torch
 import yaml
-from test_fsdp_group import fsdp_cfg, train_step
+from test_fsdp_group import assert_engine_matches, fsdp_cfg, train_step
 from test_torch_backend import make_batch
 from transformers import AutoModelForCausalLM
 
-from relax.backends.inference.client import EngineClient
 from relax.backends.inference.embedded.server import EngineServer
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import load_config
@@ -68,20 +65,7 @@ def test_merged_lora_sync_reaches_the_engine(tiny_model_dir, lora_group):
         lora_group.connect_engines([server.url])
         stats = lora_group.publish(version=lora_group.step, mode="merged")
         assert stats["perf/weight_sync_bytes"] > 0
-
-        async def sample():
-            client = EngineClient(server.url, timeout_s=60)
-            try:
-                return await client.generate([5, 6, 7, 8], {"max_new_tokens": 6, "ignore_eos": True})
-            finally:
-                await client.close()
-
-        out = asyncio.run(sample())
-        assert out.weight_version == str(lora_group.step)
-        batch = make_batch(n=1)
-        batch.prompt_ids, batch.response_ids = [[5, 6, 7, 8]], [out.output_ids]
-        got = lora_group.compute_log_probs(batch)[0]
-        torch.testing.assert_close(torch.tensor(out.output_log_probs), got, atol=1e-4, rtol=1e-4)
+        assert_engine_matches(lora_group, server.url)
     finally:
         server.stop()
 
