@@ -92,6 +92,19 @@ class GpuMemoryPeak:
 
 # Variants run under their own name: a mode plus overrides.
 VARIANTS = {"colocate-p2p": ("colocate", ["trainer.ranks_see_all_gpus=true"])}
+# `<mode>-compiled`: the mode with torch.compile'd decoder layers on the training ranks
+VARIANTS.update(
+    {f"{m}-compiled": (m, ["trainer.compile_layers=true"]) for m in ("colocate", "hybrid", "fully_async")}
+)
+
+
+def baseline(name: str, results: dict[str, dict]) -> float | None:
+    """steps/min of the colocate run a mode compares against: the same variant's when it ran."""
+    suffix = name.split("-", 1)[1] if "-" in name else ""
+    for key in ([f"colocate-{suffix}"] if suffix else []) + ["colocate", "colocate-p2p"]:
+        if key in results:
+            return results[key]["steps_per_min"]
+    return None
 
 
 def run_mode(name: str, args: argparse.Namespace, model: Path, data: Path, out: Path, gpus: int) -> dict:
@@ -232,16 +245,16 @@ def main() -> None:
         results[mode] = run_mode(mode, args, model, data, tmp / "runs", gpus)
         print(f"{mode}: {json.dumps(results[mode])}", flush=True)
         print(f"  per-step metrics: {results[mode]['metrics']}", flush=True)
-    base = results.get("colocate", results.get("colocate-p2p", {})).get("steps_per_min")
     print(f"\nGPU e2e: {gpus} GPUs, {args.steps} steps ({args.warmup} warm-up), {args.prompts}x{args.n} "
           f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout}, "
           f"batch_order {args.batch_order}, old_log_probs {args.old_log_probs}")  # fmt: skip
-    head = (f"{'mode':<12}{'eng':>4}{'rk':>3}{'steps/min':>10}{'x coloc':>8}{'gen tok/s':>10}{'MFU':>7}"
+    head = (f"{'mode':<21}{'eng':>4}{'rk':>3}{'steps/min':>10}{'x coloc':>8}{'gen tok/s':>10}{'MFU':>7}"
             f"{'publish s':>10}{'sync s':>8}{'backend':>8}{'resp len':>9}{'reward':>14}  mem peak MiB")  # fmt: skip
     print(head)
     for mode, r in results.items():
+        base = baseline(mode, results)
         ratio = f"{r['steps_per_min'] / base:.2f}" if base else "-"
-        print(f"{mode:<12}{r['engines']:>4}{r['ranks']:>3}{r['steps_per_min']:>10.2f}{ratio:>8}{r['gen_tok_s']:>10.0f}"
+        print(f"{mode:<21}{r['engines']:>4}{r['ranks']:>3}{r['steps_per_min']:>10.2f}{ratio:>8}{r['gen_tok_s']:>10.0f}"
               f"{r['mfu']:>7.1%}{r['publish_s']:>10.3f}{r['sync_s']:>8.3f}{r['sync_backend']:>8}{r['resp_len']:>9.0f}"
               f"{r['reward_first']:>7.3f}->{r['reward_last']:.3f}  {r['mem_peak_mib']}")  # fmt: skip
 

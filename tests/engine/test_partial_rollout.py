@@ -16,12 +16,22 @@ class FakeEngine:
     def __init__(self) -> None:
         self.version = 0
         self.aborted: set[str] = set()
+        self.running: set[str] = set()
+        self.calls: list[str] = []  # "all" or the rid of each abort call
         self.engines = {"e0": SimpleNamespace(client=self)}
 
     async def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
-        self.aborted.add(rid)
+        self.calls.append("all" if abort_all else rid)
+        self.aborted |= set(self.running) if abort_all else {rid}
 
     async def generate(self, prompt_ids, params, rid=None):
+        self.running.add(rid)
+        try:
+            return await self._generate(prompt_ids, params, rid)
+        finally:
+            self.running.discard(rid)
+
+    async def _generate(self, prompt_ids, params, rid):
         outs = []
         ids, lps = [], []
         for _ in range(params["max_new_tokens"]):
@@ -65,6 +75,7 @@ def test_update_aborts_and_samples_resume_under_new_weights():
             assert 0 < k < 20
             assert g.log_probs[:k] == [0.0] * k and g.log_probs[k:] == [-1.0] * (20 - k)  # kept, then new
         assert inflight.num_aborted == 1
+        assert engine.calls == ["all"]  # everything in flight was abortable: one call per engine
 
     asyncio.run(main())
 
@@ -94,5 +105,27 @@ def test_without_partial_rollout_the_update_waits():
         assert group.done()  # the update waited for generation to end
         (g,) = group.result()
         assert g.weight_versions == [0] and g.aborts == 0 and len(g.output_ids) == 10
+
+    asyncio.run(main())
+
+
+def test_a_capped_sample_is_not_aborted_with_the_others():
+    """One sample at the cap and one below it: the update aborts only the second, by rid (an
+    `abort_all` would also end the capped one), and waits for the first to finish."""
+
+    async def main():
+        engine = FakeEngine()
+        inflight = InflightRequests(engine, partial=True, max_aborts=1)
+        capped = asyncio.create_task(inflight.generate_group([1], {"n": 1, "max_new_tokens": 30}))
+        await asyncio.sleep(0.05)
+        await update(inflight, engine)  # aborts `capped` once: it is now at the cap
+        fresh = asyncio.create_task(inflight.generate_group([2], {"n": 1, "max_new_tokens": 30}))
+        await asyncio.sleep(0.05)
+        engine.calls.clear()
+        await update(inflight, engine)
+        assert engine.calls and "all" not in engine.calls and len(engine.calls) == 1
+        (c,), (f,) = await capped, await fresh
+        assert c.aborts == 1 and len(c.output_ids) == 30  # finished under the update, not aborted again
+        assert f.aborts == 1 and f.weight_versions == [1, 2] and len(f.output_ids) == 30
 
     asyncio.run(main())
