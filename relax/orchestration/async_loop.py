@@ -139,8 +139,8 @@ class StepFlow:
                     raise  # without a HealthManager nobody would restart it
 
     def restart_stage(self, name: str) -> None:
-        """Redeploy role `name`; a stage role continues from the step in training (or the next one when
-        the Actor already holds that step's data). A new ActorFwd has a new weight receiver: it joins the
+        """Redeploy role `name`; a stage role continues from the step in training, or after the last step
+        whose data the Actor already holds. A new ActorFwd has a new weight receiver: it joins the
         broadcast group at the next push; if it must first forward the step in training, the Actor (waiting
         for that step's data, so not updating) hands it the current weights once, through Ray."""
         handle = self.redeploy(name)
@@ -148,7 +148,8 @@ class StepFlow:
             return
         self.stages[name] = handle
         step = self.training_step
-        first = step if self.actor.received_step.remote().result() < step else step + 1
+        # the Actor may already hold the step in training and the one after (fetched while it trains)
+        first = max(step, self.actor.received_step.remote().result() + 1)
         if name == "actor_fwd":
             self.receivers = [handle.weight_url.remote().result()]
             self._regroup = True

@@ -143,3 +143,40 @@ def test_rollout_log_probs_as_pi_old_need_temperature_one(tiny_model_dir, arith_
                 "rollout.temperature=0.7",
             ],
         )
+
+
+def test_actor_takes_the_next_steps_rows_while_it_trains(cfg):
+    """Streaming modes: while step 1 trains (slowed down), the Actor already takes step 2's rows (as soon
+    as they are complete), so step 2 does not wait for them; it reports holding step 2 (a restarted stage
+    role starts after it); nothing is fetched past the last step."""
+    algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0, "old_log_probs": "rollout"})
+    res = cfg.resources.model_copy(update={"debug_train_delay_s": 1.0})
+    trainer = cfg.trainer.model_copy(update={"num_steps": 2})
+    cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
+
+    async def put_step(plane, step):
+        rows = step_rows()
+        ids = await plane.put_rows(f"train_{step}", rows)
+        await plane.put_columns(
+            f"train_{step}", ids, {ADVANTAGES: [[1.0] * len(r["response_ids"]) for r in rows]}
+        )
+
+    async def main():
+        plane = LocalDataPlane()
+        actor = ActorRole(cfg, plane=plane)
+        assert actor.prefetch
+        await put_step(plane, 1)
+        train = asyncio.create_task(actor.train(1))
+        await asyncio.sleep(0.3)  # step 1 is in its update
+        assert actor.received_step() == 1
+        await put_step(plane, 2)  # completes while step 1 trains
+        await asyncio.sleep(0.3)
+        assert not train.done()
+        assert actor.received_step() == 2 and plane.status("train_2")["consumed"] == {"actor": 4}
+        await asyncio.wait_for(train, 60)
+        metrics = await asyncio.wait_for(actor.train(2), 60)
+        assert actor.trainer.step == 2 and metrics["perf/actor_wait_data_s"] < 0.2
+        assert actor._next is None  # step 2 is the last one: nothing fetched ahead
+        assert plane.status("train_2") == {"rows": 0}
+
+    asyncio.run(main())

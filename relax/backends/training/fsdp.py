@@ -57,7 +57,6 @@ def full(t: Tensor) -> Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-
 def compile_layers(layers: list[nn.Module], backend: str = "inductor") -> None:
     """`torch.compile` each decoder layer's forward, with dynamic shapes from the start.
 
@@ -67,6 +66,7 @@ def compile_layers(layers: list[nn.Module], backend: str = "inductor") -> None:
     settles at three graphs: rows >= 2 with and without a padding mask, and one row."""
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+
 
 class FSDPWorker:
     def __init__(
