@@ -83,15 +83,21 @@ class ActorRole(PlaneClient):
         )
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
-        # Streaming modes fetch step k+1's rows while step k trains: the rollout ran ahead, so they are
-        # usually there, and taking them (0.05 s a step on CPU, 0.1-0.27 s on the H200 run) no longer
-        # waits for the update. Only where taking them needs no forward pass on the current weights:
-        # pi_old from the engine (or from ActorFwd, whose column arrives when it has it), no reference
-        # or critic in process.
+        # Streaming modes can fetch step k+1's rows while step k trains: the rollout ran ahead, so they
+        # are usually there, and taking them (0.1-0.27 s a step on the H200 run) no longer waits for the
+        # update. Only where taking them needs no forward pass on the current weights (pi_old from the
+        # engine or from ActorFwd; no reference or critic in process), and by default only when the update
+        # runs in rank processes: with the in-process trainer the fetch shares the interpreter lock with
+        # the update and slowed it by a third on 2 CPU cores (0.19 -> 0.27-0.37 s a step).
         in_process_forward = (
             self.needs_reference or cfg.algorithm.old_log_probs != "rollout" or spec.needs_critic
         )
-        self.prefetch = cfg.resources.mode in STREAMING_MODES and not (self.in_process and in_process_forward)
+        ahead = cfg.resources.fetch_ahead
+        if ahead is None:
+            ahead = isinstance(self.trainer, TrainerGroup)
+        self.prefetch = (
+            ahead and cfg.resources.mode in STREAMING_MODES and not (self.in_process and in_process_forward)
+        )
         self._next: tuple[int, asyncio.Task] | None = None  # (step, fetch of its columns)
 
     # -- training ----------------------------------------------------------------------------

@@ -338,6 +338,12 @@ class ResourcesConfig(Section):
     balance_data: bool = Field(
         False, description="hybrid/colocate: order each step's rows into token-balanced rank shares."
     )
+    fetch_ahead: bool | None = Field(
+        None,
+        description="hybrid/fully_async: the Actor takes step k+1's rows while step k trains. None (auto) = "
+        "when the update runs in rank processes (fsdp, GPUs); not with the in-process trainer, whose update "
+        "the fetch would slow down (they share one interpreter lock).",
+    )
     debug_train_delay_s: float = Field(
         0.0, ge=0, description="Testing: the Actor sleeps this long before each update (a slow trainer)."
     )

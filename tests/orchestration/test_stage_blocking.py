@@ -150,7 +150,7 @@ def test_actor_takes_the_next_steps_rows_while_it_trains(cfg):
     as they are complete), so step 2 does not wait for them; it reports holding step 2 (a restarted stage
     role starts after it); nothing is fetched past the last step."""
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0, "old_log_probs": "rollout"})
-    res = cfg.resources.model_copy(update={"debug_train_delay_s": 1.0})
+    res = cfg.resources.model_copy(update={"debug_train_delay_s": 1.0, "fetch_ahead": True})
     trainer = cfg.trainer.model_copy(update={"num_steps": 2})
     cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
 
@@ -165,6 +165,10 @@ def test_actor_takes_the_next_steps_rows_while_it_trains(cfg):
         plane = LocalDataPlane()
         actor = ActorRole(cfg, plane=plane)
         assert actor.prefetch
+        assert not ActorRole(
+            cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"fetch_ahead": None})}),
+            plane=plane,
+        ).prefetch  # auto: not with the in-process trainer
         await put_step(plane, 1)
         train = asyncio.create_task(actor.train(1))
         await asyncio.sleep(0.3)  # step 1 is in its update
