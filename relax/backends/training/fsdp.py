@@ -53,8 +53,17 @@ OLD_VALUES_KEY = "old_values"  # TrainBatch.extras column of critic values at ro
 
 
 def full(t: Tensor) -> Tensor:
-    """The whole tensor of a (possibly sharded) parameter; a collective for a DTensor."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole tensor of a (possibly sharded) parameter; a collective for a DTensor sharded over more
+    than one rank. On a one-rank mesh the local shard is the whole tensor: taking it skips DTensor's
+    redistribution, about 45 us of host time per tensor (13 of the 35 ms a 290-tensor publish spent
+    gathering on a 2-core CPU)."""
+    if not isinstance(t, DTensor):
+        return t
+    if t.device_mesh.size() == 1:
+        local = t.to_local()
+        if local.shape == t.shape:  # no padding, no uneven split
+            return local
+    return t.full_tensor()
 
 
 def compile_layers(layers: list[nn.Module], backend: str = "inductor") -> None:
