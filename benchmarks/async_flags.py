@@ -24,3 +24,10 @@ def add_async_flags(p: argparse.ArgumentParser, batch_order: str, max_aborts: in
     p.add_argument(
         "--max-aborts", type=int, default=max_aborts, help="times one sample may be aborted by a push"
     )
+    p.add_argument(
+        "--partial-mode",
+        choices=["abort", "in_place"],
+        default="abort",
+        help="partial rollout: abort in-flight requests and resume them by a new request, or pause the "
+        "engines in place and let the requests run on under the new weights (rollout.partial_rollout_mode)",
+    )

@@ -128,7 +128,7 @@ def run_mode(name: str, args: argparse.Namespace, model: Path, data: Path, out: 
         f"trainer.gradient_checkpointing={str(args.grad_ckpt).lower()}",
         "ops.checkpoint_interval=0", "ops.progress=false", "ops.tensorboard=false", "ops.log_interval=1",
         "eval.sets=[]", f"rollout.partial_rollout={str(split and args.partial_rollout).lower()}",
-        f"rollout.batch_order={args.batch_order if split else 'step'}", f"rollout.max_aborts={args.max_aborts}",
+        f"rollout.batch_order={args.batch_order if split else 'step'}", f"rollout.max_aborts={args.max_aborts}", f"rollout.partial_rollout_mode={args.partial_mode}",
     ]  # fmt: skip
     cfg = load_config(args.base_config, [*overrides, *extra, *args.set])
     with GpuMemoryPeak() as mem:
@@ -246,7 +246,7 @@ def main() -> None:
         print(f"{mode}: {json.dumps(results[mode])}", flush=True)
         print(f"  per-step metrics: {results[mode]['metrics']}", flush=True)
     print(f"\nGPU e2e: {gpus} GPUs, {args.steps} steps ({args.warmup} warm-up), {args.prompts}x{args.n} "
-          f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout}, "
+          f"samples/step, cap {args.cap}, max_staleness {args.max_staleness}, partial_rollout {args.partial_rollout} ({args.partial_mode}), "
           f"batch_order {args.batch_order}, old_log_probs {args.old_log_probs}")  # fmt: skip
     head = (f"{'mode':<21}{'eng':>4}{'rk':>3}{'steps/min':>10}{'x coloc':>8}{'gen tok/s':>10}{'MFU':>7}"
             f"{'publish s':>10}{'sync s':>8}{'backend':>8}{'resp len':>9}{'reward':>14}  mem peak MiB")  # fmt: skip

@@ -67,6 +67,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
             f"rollout.partial_rollout={str(args.partial_rollout).lower()}",
             f"rollout.batch_order={'step' if mode == 'colocate' else args.batch_order}",
             f"rollout.max_aborts={args.max_aborts}",
+            f"rollout.partial_rollout_mode={args.partial_mode}",
             f"algorithm.old_log_probs={args.old_log_probs}",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
@@ -127,7 +128,7 @@ def main() -> None:
     print(
         f"\nmodes benchmark: {args.steps} steps, max_staleness={args.max_staleness}, cap={args.cap}, "
         f"engine_threads={args.engine_threads}, trainer_threads={args.trainer_threads}, "
-        f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout}, "
+        f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout} ({args.partial_mode}), "
         f"batch_order={args.batch_order}, old_log_probs={args.old_log_probs}, repeats={args.repeats}"
     )
     print(

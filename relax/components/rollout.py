@@ -181,6 +181,8 @@ class RolloutRole(PlaneClient):
     async def start(self, first_step: int) -> None:
         """Run ahead from `first_step` in the background, gated by the staleness rule."""
         self.gate = StalenessGate(self.cfg.resources.max_staleness, first_step)
+        if sleep := self.cfg.resources.debug_engine_step_sleep_s:
+            await asyncio.gather(*(e.client.slow_down(sleep) for e in self.router.engines.values()))
         self._ahead_task = asyncio.create_task(self._run_ahead(first_step))
 
     async def _run_ahead(self, step: int) -> None:
@@ -260,7 +262,7 @@ class RolloutRole(PlaneClient):
     async def end_weight_update(self, trained_step: int) -> None:
         """After the push of training step `trained_step`'s weights: generation continues, and the
         staleness gate counts that step as consumed."""
-        self.loop.inflight.end_update()
+        await self.loop.inflight.end_update()
         if self.gate is not None:
             await self.gate.mark_consumed(trained_step)
         self._trained = trained_step

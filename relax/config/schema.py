@@ -199,6 +199,14 @@ class RolloutConfig(Section):
         description="A weight update aborts in-flight generation; unfinished samples resume under the new "
         "weights (otherwise the update waits until in-flight generation ends).",
     )
+    partial_rollout_mode: Literal["abort", "in_place"] = Field(
+        "abort",
+        description="Partial rollout: `abort` ends in-flight requests and resumes each unfinished sample "
+        "with a new request (prompt and tokens so far prefilled again under the new weights, at most "
+        "`max_aborts` times); `in_place` pauses the engines between two steps, keeping requests and KV "
+        "cache, loads the weights and continues (no prefill again; earlier tokens keep the old weights' "
+        "KV cache; needs engines that pause in place: the embedded engine or SGLang).",
+    )
     max_aborts: int = Field(
         2, ge=0, description="Partial rollout: times one sample may be aborted; later updates wait for it."
     )
@@ -211,7 +219,8 @@ class RolloutConfig(Section):
         "(relax/engine/step_assembler.py).",
     )
     mask_offpolicy_tokens: bool = Field(
-        False, description="Partial rollout: loss mask 0 on tokens generated before the last abort."
+        False,
+        description="Partial rollout: loss mask 0 on tokens generated before the last abort or in-place update.",
     )
     elastic: ElasticConfig = Field(default_factory=ElasticConfig, description="Elastic rollout REST API.")
 
@@ -346,6 +355,11 @@ class ResourcesConfig(Section):
     )
     debug_train_delay_s: float = Field(
         0.0, ge=0, description="Testing: the Actor sleeps this long before each update (a slow trainer)."
+    )
+    debug_engine_step_sleep_s: float = Field(
+        0.0,
+        ge=0,
+        description="Testing: each engine sleeps this long after every decode step (a slow rollout).",
     )
     engine_gpus: float | None = Field(
         None,

@@ -1,11 +1,17 @@
 """Generation across weight updates: every request goes through `InflightRequests`, so that a weight
-update can either wait for in-flight generation to end (default), or abort it (partial rollout) and let
-the unfinished samples continue under the new weights.
+update can wait for in-flight generation to end (default), or, with partial rollout, either
 
-A resumed sample keeps the tokens and behaviour log-probs it had (they came from the old weights), gets
-the rest from the new weights, and records every version in `weight_versions`. A sample already aborted
-`max_aborts` times is not aborted again: the update waits for it instead. With `mask_offpolicy` the
-tokens generated before the last abort get loss mask 0.
+* `abort` it: the unfinished samples are resumed under the new weights by a new request (prompt and
+  tokens so far prefilled again, so their KV cache comes from the new weights). A sample already aborted
+  `max_aborts` times is not aborted again: the update waits for it instead.
+* or keep it `in_place`: the engines pause between two decode steps, keeping their running requests and
+  KV cache, load the new weights, and continue. Nothing is prefilled again and no request is repeated;
+  the tokens before the update keep the KV cache of the old weights (the in-flight weight update of
+  PipelineRL). Embedded engines report where each version began (`weight_version_starts`).
+
+A sample keeps the tokens and behaviour log-probs it had (they came from the old weights), gets the rest
+from the new weights, and records every version in `weight_versions`. With `mask_offpolicy` the tokens
+generated before the last update get loss mask 0.
 """
 
 from __future__ import annotations
@@ -36,22 +42,33 @@ class Generated:
     text: str = ""
 
     def extend(self, out: Any) -> None:
+        before = len(self.output_ids)
         self.output_ids += list(out.output_ids)
         self.log_probs += list(out.output_log_probs)
         self.finish_reason = out.finish_reason
-        v = int(out.weight_version)
-        if not self.weight_versions or self.weight_versions[-1] != v:
-            self.weight_versions.append(v)
+        versions = getattr(out, "weight_versions", None) or [out.weight_version]
+        for v in map(int, versions):
+            if not self.weight_versions or self.weight_versions[-1] != v:
+                self.weight_versions.append(v)
+        starts = getattr(out, "weight_version_starts", None) or []
+        if len(versions) > 1 and len(starts) == len(versions):  # updated in place while it ran
+            self.offpolicy_len = before + int(starts[-1])
         self.text = out.text if self.aborts == 0 else ""  # re-decoded by the caller after a resume
 
 
 class InflightRequests:
     """All generation requests of the Rollout role; the gate a weight update closes and opens."""
 
-    def __init__(self, router: Router, *, partial: bool = False, max_aborts: int = 2) -> None:
+    def __init__(
+        self, router: Router, *, partial: bool = False, max_aborts: int = 2, partial_mode: str = "abort"
+    ) -> None:
+        if partial_mode not in ("abort", "in_place"):
+            raise ValueError(f"unknown partial rollout mode {partial_mode!r}; use abort or in_place")
         self.router = router
         self.partial = partial
+        self.in_place = partial and partial_mode == "in_place"
         self.max_aborts = max_aborts
+        self._paused: list[Any] = []  # engine clients paused in place for the update in progress
         self.inflight: dict[str, int] = {}  # rid -> fewest aborts among its samples
         self._open = asyncio.Event()
         self._open.set()
@@ -80,8 +97,12 @@ class InflightRequests:
         return out if isinstance(out, list) else [out]
 
     async def begin_update(self) -> None:
-        """Close the gate, abort what may be aborted (partial rollout), wait for the rest to end."""
+        """Close the gate; then pause the engines in place, or abort what may be aborted (partial
+        rollout) and wait for the rest to end."""
         self._open.clear()
+        if self.in_place:
+            await self._pause_engines()
+            return
         if self.partial:
             rids = [rid for rid, a in self.inflight.items() if a < self.max_aborts]
             clients = [entry.client for entry in self.router.engines.values()]
@@ -96,7 +117,25 @@ class InflightRequests:
         async with self._idle:
             await self._idle.wait_for(lambda: not self.inflight)
 
-    def end_update(self) -> None:
+    async def _pause_engines(self) -> None:
+        """Pause every engine between two steps, keeping its requests and KV cache. An engine that does
+        not answer is left to the router and the health checks (its requests are retried elsewhere);
+        the push goes on with the others."""
+        clients = [entry.client for entry in self.router.engines.values()]
+        results = await asyncio.gather(*(c.pause("in_place") for c in clients), return_exceptions=True)
+        for c, r in zip(clients, results, strict=True):
+            if isinstance(r, BaseException):
+                logger.warning("could not pause %s for the weight update: %s", c.base_url, r)
+            else:
+                self._paused.append(c)
+
+    async def end_update(self) -> None:
+        """Open the gate (and continue the engines paused in place)."""
+        paused, self._paused = self._paused, []
+        results = await asyncio.gather(*(c.resume() for c in paused), return_exceptions=True)
+        for c, r in zip(paused, results, strict=True):
+            if isinstance(r, BaseException):
+                logger.warning("could not continue %s after the weight update: %s", c.base_url, r)
         self._open.set()
 
     async def generate_group(

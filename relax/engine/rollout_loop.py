@@ -33,7 +33,9 @@ class RolloutLoop:
         self.router = router
         self.scorer = scorer
         r = cfg.rollout
-        self.inflight = InflightRequests(router, partial=r.partial_rollout, max_aborts=r.max_aborts)
+        self.inflight = InflightRequests(
+            router, partial=r.partial_rollout, max_aborts=r.max_aborts, partial_mode=r.partial_rollout_mode
+        )
         self._prompt_cache: dict[int, list[int]] = {}
         self._media: Any = None  # MediaPool, started by the first row with media
         self.stop_token_ids = sorted(
@@ -117,7 +119,7 @@ class RolloutLoop:
         samples = []
         for k, out in enumerate(outputs):
             mask = [1] * len(out.output_ids)
-            if mask_old and out.aborts:
+            if mask_old and out.offpolicy_len:
                 mask[: out.offpolicy_len] = [0] * out.offpolicy_len
             samples.append(
                 Sample(

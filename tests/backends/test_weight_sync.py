@@ -3,6 +3,7 @@ over the group (the trainer side runs here) and from disk."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -138,3 +139,49 @@ def test_push_weights_over_nccl(bare_model_dir, new_model):
         assert out.output_ids == greedy_reference(new_model, PROMPT, 8)
     finally:
         server.stop()
+
+
+def test_an_update_during_an_in_place_pause_keeps_requests_and_reports_both_versions(
+    bare_server, bare_model_dir, new_model, tmp_path
+):
+    """The in-flight update of `rollout.partial_rollout_mode=in_place`: the request keeps running across
+    the update and reports which tokens came from which weights."""
+    client = EngineClient(bare_server.url, timeout_s=60)
+    original = AutoModelForCausalLM.from_pretrained(bare_model_dir, dtype=torch.float32).eval()
+    run(
+        client.update_weights_from_disk(
+            str(save_weights_to_disk(original.state_dict().items(), tmp_path / "a")), "20"
+        )
+    )
+    new_path = save_weights_to_disk(new_model.state_dict().items(), tmp_path / "b")
+    greedy = {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}
+
+    async def go():
+        await client.slow_down(0.01)
+        try:
+            task = asyncio.create_task(client.generate(PROMPT, greedy))
+            for _ in range(500):  # until it has some tokens
+                await asyncio.sleep(0.01)
+                if _tokens(await client.metrics_text()) > 5:
+                    break
+            await client.pause("in_place")
+            await client.update_weights_from_disk(str(new_path), weight_version="21")
+            await client.resume()
+            return await task
+        finally:
+            await client.slow_down(None)
+
+    out = run(go())
+    assert out.finish_reason == "length" and len(out.output_ids) == 60
+    assert out.weight_version == "21" and out.weight_versions == ["20", "21"]
+    start = out.weight_version_starts[1]
+    assert out.weight_version_starts[0] == 0 and 0 < start < 60
+    assert out.output_ids[:start] == greedy_reference(original, PROMPT, start)  # before: the old weights
+    plain = run(client.generate(PROMPT, {"max_new_tokens": 4, "ignore_eos": True}))
+    assert plain.weight_versions == [] and plain.weight_version == "21"
+
+
+def _tokens(metrics_text: str) -> float:
+    import re
+
+    return float(re.search(r"^sglang:generation_tokens_total\{[^}]*\} (\S+)$", metrics_text, re.M).group(1))

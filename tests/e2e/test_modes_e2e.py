@@ -100,7 +100,30 @@ def test_partial_rollout_and_resume(ray_cluster, tiny_model_dir, arith_file, tmp
     assert [r["step"] for r in read_metrics(cfg2)] == [1, 2, 3, 4, 5, 6]
 
 
-def test_completion_order_trains_long_groups_in_later_steps(ray_cluster, tiny_model_dir, arith_file, tmp_path):
+def test_in_place_partial_rollout_keeps_requests_across_updates(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path
+):
+    """fully_async with `partial_rollout_mode: in_place`: weight pushes pause the engine instead of
+    aborting; samples that ran across a push record both versions, and the off-policy part is masked."""
+    extra = [
+        "rollout.partial_rollout=true",
+        "rollout.partial_rollout_mode=in_place",
+        "rollout.mask_offpolicy_tokens=true",
+        "rollout.max_new_tokens=48",
+        "rollout.prompts_per_step=16",
+        "resources.debug_engine_step_sleep_s=0.02",  # generation outlasts a training step: pushes land mid-way
+    ]
+    cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "fully_async", steps=6, extra=extra)
+    assert Controller(cfg).run() == 6
+    metrics = read_metrics(cfg)
+    assert all(r["rollout/aborted_requests"] == 0 for r in metrics), metrics
+    assert sum(r["rollout/resumed_frac"] for r in metrics) > 0, [r["rollout/resumed_frac"] for r in metrics]
+    assert max(r["staleness/max"] for r in metrics) <= 2
+
+
+def test_completion_order_trains_long_groups_in_later_steps(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path
+):
     """Every 4th prompt may answer with 48 tokens and is scored by a slow verifier, the rest answer with 2:
     under `batch_order: completion` the first steps fill with short groups (some drawn by the next step)
     and the long ones train later. The verifier's two seconds keep that order independent of how fast this
@@ -110,7 +133,9 @@ def test_completion_order_trains_long_groups_in_later_steps(ray_cluster, tiny_mo
     with data.open("w") as fh:
         for i, row in enumerate(rows):
             long = i % 4 == 0
-            fh.write(json.dumps({**row, "metadata": {"max_new_tokens": 48 if long else 2, "slow": long}}) + "\n")
+            fh.write(
+                json.dumps({**row, "metadata": {"max_new_tokens": 48 if long else 2, "slow": long}}) + "\n"
+            )
     extra = [
         f"data.train_files=[{data}]",
         "data.shuffle=false",

@@ -1,11 +1,14 @@
 """Partial rollout: a weight update aborts in-flight generation, unfinished samples continue under the new
 weights with their earlier tokens and behaviour log-probs kept and every version recorded; a sample at
-the abort cap is waited for instead; without partial rollout the update waits for generation to end."""
+the abort cap is waited for instead; in `in_place` mode the engines pause and requests run on across the
+update; without partial rollout the update waits for generation to end."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+
+import pytest
 
 from relax.engine.partial_rollout import InflightRequests
 
@@ -17,8 +20,19 @@ class FakeEngine:
         self.version = 0
         self.aborted: set[str] = set()
         self.running: set[str] = set()
-        self.calls: list[str] = []  # "all" or the rid of each abort call
+        self.calls: list[str] = []  # "all" or the rid of each abort call, "pause", "resume"
         self.engines = {"e0": SimpleNamespace(client=self)}
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+
+    async def pause(self, mode: str) -> None:
+        assert mode == "in_place"
+        self.calls.append("pause")
+        self.resumed.clear()
+
+    async def resume(self) -> None:
+        self.calls.append("resume")
+        self.resumed.set()
 
     async def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
         self.calls.append("all" if abort_all else rid)
@@ -34,10 +48,15 @@ class FakeEngine:
     async def _generate(self, prompt_ids, params, rid):
         outs = []
         ids, lps = [], []
+        versions, starts = [str(self.version)], [0]
         for _ in range(params["max_new_tokens"]):
             if rid in self.aborted:
                 break
             await asyncio.sleep(0.01)
+            await self.resumed.wait()
+            if str(self.version) != versions[-1]:  # updated in place while it ran
+                versions.append(str(self.version))
+                starts.append(len(ids))
             ids.append(len(prompt_ids) + len(ids))
             lps.append(-float(self.version))
         finish = "abort" if rid in self.aborted else "length"
@@ -49,6 +68,8 @@ class FakeEngine:
                     finish_reason=finish,
                     weight_version=str(self.version),
                     text="",
+                    weight_versions=versions if len(versions) > 1 else [],
+                    weight_version_starts=starts if len(versions) > 1 else [],
                 )
             )
         return outs
@@ -57,7 +78,7 @@ class FakeEngine:
 async def update(inflight: InflightRequests, engine: FakeEngine) -> None:
     await inflight.begin_update()
     engine.version += 1
-    inflight.end_update()
+    await inflight.end_update()
 
 
 def test_update_aborts_and_samples_resume_under_new_weights():
@@ -129,3 +150,31 @@ def test_a_capped_sample_is_not_aborted_with_the_others():
         assert f.aborts == 1 and f.weight_versions == [1, 2] and len(f.output_ids) == 30
 
     asyncio.run(main())
+
+
+def test_in_place_the_engines_pause_and_requests_run_on_under_the_new_weights():
+    async def main():
+        engine = FakeEngine()
+        inflight = InflightRequests(engine, partial=True, max_aborts=0, partial_mode="in_place")
+        group = asyncio.create_task(inflight.generate_group([1, 2], {"n": 2, "max_new_tokens": 20}))
+        await asyncio.sleep(0.05)
+        await inflight.begin_update()
+        assert not group.done() and inflight.inflight  # nothing aborted, nothing waited for
+        engine.version += 1  # the push, while the engine is paused
+        await inflight.end_update()
+        out = await group
+        assert engine.calls == ["pause", "resume"]
+        for g in out:
+            assert len(g.output_ids) == 20 and g.finish_reason == "length"
+            assert g.weight_versions == [0, 1] and g.aborts == 0
+            k = g.offpolicy_len  # tokens before the update
+            assert 0 < k < 20
+            assert g.log_probs[:k] == [0.0] * k and g.log_probs[k:] == [-1.0] * (20 - k)
+        assert inflight.num_aborted == 0
+
+    asyncio.run(main())
+
+
+def test_an_unknown_partial_mode_is_refused():
+    with pytest.raises(ValueError, match="use abort or in_place"):
+        InflightRequests(FakeEngine(), partial=True, partial_mode="keep")

@@ -52,6 +52,10 @@ class GenerateOutput:
     prompt_tokens: int = 0
     rid: str | None = None
     meta_info: dict[str, Any] = field(default_factory=dict, repr=False)  # the raw meta_info
+    # when the weights changed while it ran (an embedded engine paused `in_place` for an update): the
+    # versions its tokens came from, oldest first, and the output index where each began
+    weight_versions: list[str] = field(default_factory=list)
+    weight_version_starts: list[int] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, item: dict[str, Any]) -> GenerateOutput:
@@ -69,6 +73,8 @@ class GenerateOutput:
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             rid=meta.get("id"),
             meta_info=meta,
+            weight_versions=[str(v) for v in meta.get("weight_versions") or []],
+            weight_version_starts=[int(i) for i in meta.get("weight_version_starts") or []],
         )
 
 

@@ -293,7 +293,15 @@ class EmbeddedEngine:
         """Copy tensors into the model between two steps; running requests continue on the new weights.
         `refresh=False` (a bucket before the last) leaves the fused decode weights for the last bucket."""
         items = list(named_tensors)
-        n = self._call(lambda: self.runner.load_weights(items, weight_version, refresh=refresh))
+
+        def load() -> int:
+            old = self.runner.weight_version
+            n = self.runner.load_weights(items, weight_version, refresh=refresh)
+            if self.runner.weight_version != old:  # requests kept through the update record it
+                self.scheduler.note_version(old, self.runner.weight_version)
+            return n
+
+        n = self._call(load)
         logger.info("loaded %d weights, version %s", n, self.weight_version)
         return n
 

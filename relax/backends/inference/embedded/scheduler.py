@@ -224,6 +224,14 @@ class Scheduler:
         self._finalize(hit)
         return len({id(s.group) for s in hit})
 
+    def note_version(self, old: str, new: str) -> None:
+        """The weights changed from `old` to `new` between two steps: every unresolved sample records
+        where its tokens under `new` begin (it reports all its versions when it finishes)."""
+        seqs = [*self.running, *(s for u in self.waiting for s in u)]
+        for group in {id(s.group): s.group for s in seqs}.values():
+            for s in group.seqs:
+                s.note_version(old, new)
+
     def retract(self) -> int:
         """Move every running sequence back to the front of the queue, dropping the KV cache; they are
         prefilled again (prompt + output so far) when admitted."""

@@ -34,6 +34,10 @@ class GenerationResult:
     weight_version: str  # the engine's weight version when the sample finished
     text: str  # decoded output ("" without a tokenizer)
     e2e_latency: float  # seconds from submission to finish
+    # the versions its tokens were sampled under, oldest first, and the output index where each began
+    # (more than one when the weights changed while it ran: an update during a pause `in_place`)
+    weight_versions: list[str] = field(default_factory=list)
+    weight_version_starts: list[int] = field(default_factory=list)
 
 
 class Sequence:
@@ -50,6 +54,17 @@ class Sequence:
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish: dict[str, Any] | None = None
+        self.versions: list[tuple[int, str]] = []  # (output index, version) from the first weight change
+
+    def note_version(self, old: str, new: str) -> None:
+        """The weights changed from `old` to `new` after this sequence's tokens so far (the next token is
+        the first under `new`)."""
+        if not self.output_ids:
+            return
+        if not self.versions:
+            self.versions.append((0, old))
+        if self.finish is None:  # a finished sample of a group still running keeps its old version
+            self.versions.append((len(self.output_ids), new))
 
     @property
     def num_tokens(self) -> int:
@@ -142,4 +157,6 @@ class RequestGroup:
             weight_version=weight_version,
             text=text,
             e2e_latency=latency,
+            weight_versions=[v for _, v in seq.versions] or [weight_version],
+            weight_version_starts=[i for i, _ in seq.versions] or [0],
         )

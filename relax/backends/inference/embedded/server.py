@@ -75,6 +75,9 @@ def _item(r: GenerationResult, return_logprob: bool, engine: EmbeddedEngine, tex
         "weight_version": r.weight_version,
         "e2e_latency": r.e2e_latency,
     }
+    if len(r.weight_versions) > 1:  # Relax's extension: the weights changed while the sample ran
+        meta["weight_versions"] = r.weight_versions
+        meta["weight_version_starts"] = r.weight_version_starts
     if return_logprob:
         tok = engine.tokenizer if text_in_lp else None
         meta["output_token_logprobs"] = [
