@@ -148,9 +148,9 @@ class MultiTurnRollout:
             ids += list(out.output_ids)
             lps += list(out.output_log_probs)
             finish = out.finish_reason
-            v = int(out.weight_version)
-            if not sample.weight_versions or sample.weight_versions[-1] != v:
-                sample.weight_versions.append(v)
+            for v in map(int, out.weight_versions or [out.weight_version]):  # several: updated in place
+                if not sample.weight_versions or sample.weight_versions[-1] != v:
+                    sample.weight_versions.append(v)
             if finish == "abort" and self.inflight.router_closed():
                 break
         if finish == "abort" and len(ids) >= cap:

@@ -136,7 +136,8 @@ class ChatSession:
                     prompt_ids=list(prompt_ids),
                     output_ids=list(out.output_ids),
                     log_probs=[float(x) for x in out.output_log_probs],
-                    weight_version=int(out.weight_version),
+                    # the oldest weights of the call (a call updated in place spans two)
+                    weight_version=int((out.weight_versions or [out.weight_version])[0]),
                     finish_reason=out.finish_reason,
                     parent=None if parent is None else parent.index,
                     reply_message=reply,
