@@ -109,12 +109,12 @@ def test_in_place_partial_rollout_keeps_requests_across_updates(
         "rollout.partial_rollout=true",
         "rollout.partial_rollout_mode=in_place",
         "rollout.mask_offpolicy_tokens=true",
-        "rollout.max_new_tokens=48",
-        "rollout.prompts_per_step=16",
+        "rollout.max_new_tokens=32",
+        "rollout.prompts_per_step=8",
         "resources.debug_engine_step_sleep_s=0.02",  # generation outlasts a training step: pushes land mid-way
     ]
-    cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "fully_async", steps=6, extra=extra)
-    assert Controller(cfg).run() == 6
+    cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "fully_async", steps=4, extra=extra)
+    assert Controller(cfg).run() == 4
     metrics = read_metrics(cfg)
     assert all(r["rollout/aborted_requests"] == 0 for r in metrics), metrics
     assert sum(r["rollout/resumed_frac"] for r in metrics) > 0, [r["rollout/resumed_frac"] for r in metrics]
