@@ -39,6 +39,7 @@ class StepFlow:
         if "actor_fwd" in self.stages:
             self.receivers.append(self.stages["actor_fwd"].weight_url.remote().result())
         self._regroup = False  # a receiver changed (ActorFwd restarted): re-form the group at the next push
+        self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push, not awaited
 
     def start(self, first_step: int) -> None:
         """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
@@ -55,7 +56,10 @@ class StepFlow:
 
         Three calls in the usual case: the Rollout's `prepare_weight_update` (stop generation, elastic
         plan, failed engines replaced), the Actor's push, and `finish_weight_update` (admit replaced
-        engines, resume generation)."""
+        engines, resume generation). The driver does not wait for the last: the next step's calls go
+        out while the Rollout resumes (one round trip less on the critical path), and `settle()`, called
+        before the next push and before anything that needs the Rollout's state, raises its error."""
+        self.settle()
         admit = False
         try:
             prep = self.rollout.prepare_weight_update.remote(self.health is not None).result()
@@ -71,8 +75,14 @@ class StepFlow:
             if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
                 self.stages["actor_fwd"].mark_trained.remote(trained_step).result()
         finally:
-            self.rollout.finish_weight_update.remote(trained_step, admit).result()
+            self._finishing = self.rollout.finish_weight_update.remote(trained_step, admit)
         return version
+
+    def settle(self) -> None:
+        """Wait for the last push's `finish_weight_update` (generation resumed, step counted consumed)."""
+        finishing, self._finishing = self._finishing, None
+        if finishing is not None:
+            finishing.result()
 
     def _apply_engine_changes(self, plan: list[str] | None) -> list[str] | None:
         """Elastic scaling: engines join or leave the weight-sync group here, where the trainer is
@@ -115,10 +125,15 @@ class StepFlow:
                 break
             except TimeoutError:
                 self.check()
-        self.check()  # an Actor replaced while it trained answered from fresh state: not a result
-        pending = [handle.metrics.remote(step) for handle in self.stages.values()]  # asked together
-        for response in pending:
-            metrics.update(response.result())
+        # an Actor replaced while it trained answered from fresh state: not a result
+        if self.health is not None:
+            self.health.check(self.restart_stage)
+        if self.streaming:  # `check()`'s round trip and the stage roles' metrics, asked together
+            rollout = self.rollout.check.remote()
+            pending = [handle.metrics.remote(step) for handle in self.stages.values()]
+            rollout.result()
+            for response in pending:
+                metrics.update(response.result())
         return metrics
 
     def check(self) -> None:
@@ -159,6 +174,10 @@ class StepFlow:
         logger.info("%s restarted; it continues from step %d", name, first)
 
     def stop(self) -> None:
+        try:
+            self.settle()
+        except Exception:  # noqa: BLE001 - best effort on the way out; the push's error was logged
+            logger.exception("the last weight update did not finish")
         if not self.streaming:
             return
         for name, handle in [("rollout", self.rollout), *self.stages.items()]:

@@ -50,6 +50,7 @@ class Controller:
         self.health: HealthManager | None = None
         self.specs: dict[str, RoleSpec] = {}
         self.last_metrics: dict[str, float] = {}
+        self._flushing = None  # the last step's metrics flush, awaited before the next one
         self._gpu_group = None  # colocate on GPUs: the placement group engines and ranks share
 
     # -- life cycle --------------------------------------------------------------------------
@@ -214,7 +215,9 @@ class Controller:
                 if ev.sets and ((ev.interval and step % ev.interval == 0) or (last and ev.at_end)):
                     metrics.update(self._evaluate(step))
                 metrics.update(self.health.metrics())
-                self.metrics.flush.remote(step, metrics, phases.spans).result()
+                # one flush in flight at a time (so rows stay in order), not awaited on the critical path
+                self._settle_flush()
+                self._flushing = self.metrics.flush.remote(step, metrics, phases.spans)
                 self.last_metrics = metrics
                 progress.update(step, metrics, log=step % cfg.ops.log_interval == 0)
                 interval = cfg.ops.checkpoint_interval
@@ -222,13 +225,26 @@ class Controller:
                     self._save(step)
             if step > start_step or not ckpt.latest_checkpoint(self.run_dir):
                 self._save(step)
+            self._settle_flush()
             if self.stop_requested:
                 logger.info("stopped at step %d; resume with: relax train ... --resume", step)
         finally:
             progress.close()
+            try:  # a failed step: the rows of the steps before it still reach metrics.jsonl
+                self._settle_flush()
+            except Exception:  # noqa: BLE001 - the metrics role is gone; the step's error is raised
+                logger.exception("the last metrics flush failed")
         return step
 
+    def _settle_flush(self) -> None:
+        """Wait for the last step's metrics to be written (raising the metrics role's error)."""
+        flushing, self._flushing = self._flushing, None
+        if flushing is not None:
+            flushing.result()
+
     def _evaluate(self, step: int) -> dict[str, float]:
+        if self.flow is not None:
+            self.flow.settle()  # the engines resumed after the last push
         times: dict[str, float] = {}
         with timer("eval", times):
             metrics = self.rollout.evaluate.remote(step).result()
@@ -236,6 +252,8 @@ class Controller:
 
     # -- checkpoints -------------------------------------------------------------------------
     def _save(self, step: int) -> None:
+        self.flow.settle()  # the Rollout counted the last push's step as trained
+        self._settle_flush()  # metrics.jsonl holds every step the checkpoint covers
         t0 = time.perf_counter()
         d = ckpt.begin(self.run_dir, step)
         self.actor.save.remote(str(d / "actor")).result()
