@@ -49,10 +49,12 @@ def mean_reward(rows: list[dict]) -> float:
 
 def test_colors_learn_with_qwen2_5_vl(ray_cluster, tmp_path):
     model = write_tiny_model(tmp_path / "vl", family="qwen2_5_vl")
-    # 40 steps learn the answer format; without the example's entropy bonus the rise comes sooner (the
-    # bonus keeps samples diverse so that the colours are told apart later, over ~100 steps).
+    # 48 steps learn the answer format; without the example's entropy bonus the rise comes sooner (the
+    # bonus keeps samples diverse so that the colours are told apart later, over ~100 steps). The rise
+    # starts around step 25 and steepens, so at 40 steps the last window's mean (0.08-0.19 in two runs)
+    # sat on the threshold: sampling order varies from run to run.
     data = generate_colors(tmp_path / "colors.jsonl", n=256)
-    rows = run(tmp_path, "vl_colors", model, data, steps=40, extra=["algorithm.entropy_coef=0"])
+    rows = run(tmp_path, "vl_colors", model, data, steps=48, extra=["algorithm.entropy_coef=0"])
     assert max(r["train/rollout_logp_abs_diff_max"] for r in rows) < 1e-4  # same pixels in engine and trainer
     first, last = mean_reward(rows[:10]), mean_reward(rows[-10:])
     assert last > max(0.08, 3 * first), (first, last)
