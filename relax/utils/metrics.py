@@ -110,7 +110,14 @@ class WandbSink:
         self.run.log(_scalars(metrics), step=step)
 
     def close(self) -> None:
+        """Finish the run and stop W&B's service process. `finish()` returns once the service has
+        taken the run's end, but the service flushes the run's `.wandb` log later (at its own teardown,
+        normally an `atexit` hook). A Ray actor can exit without running `atexit` hooks, so the flush
+        is forced here; this process owns no other W&B run."""
+        import wandb
+
         self.run.finish()
+        wandb.teardown()
 
 
 class ClearMLSink:
