@@ -18,7 +18,7 @@ from relax.config import RelaxConfig
 from relax.data.dataset import PromptSource, load_prompt_files
 from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
-from relax.distributed.data_plane import DataPlane, PlaneClient, partition_name
+from relax.distributed.data_plane import DataPlane, PlaneClient, RowWriter, partition_name
 from relax.engine.evaluator import Evaluator
 from relax.engine.rollout_loop import RolloutLoop
 from relax.engine.router import Router
@@ -71,6 +71,7 @@ class RolloutRole(PlaneClient):
         self.evaluator = Evaluator(cfg, self.loop)
         self.producer = StepProducer(cfg, self.loop, self.source)
         self.assembler = StepAssembler(cfg.rollout.prompts_per_step, cfg.rollout.batch_order, self._write)
+        self._writer: RowWriter | None = None  # groups finished together go out in one put
         # connected on first use (eval-only runs have no data plane)
         self._plane, self._plane_kind = plane, cfg.resources.data_plane
         self.gate: StalenessGate | None = None
@@ -138,7 +139,9 @@ class RolloutRole(PlaneClient):
     # -- training rollout: one step now (colocate) or running ahead (hybrid, fully_async) -----------
     async def _write(self, step: int, group: list[Sample]) -> None:
         contexts = self.cfg.rollout.agent.contexts_per_sample
-        await self.plane.put_rows(partition_name(step), samples_to_rows(group, contexts))
+        if self._writer is None:
+            self._writer = RowWriter(self.plane)
+        await self._writer.write(partition_name(step), samples_to_rows(group, contexts))
 
     async def generate(self, step: int) -> dict[str, float]:
         """Generate step `step` into its data-plane partition; returns its rollout metrics."""

@@ -1,8 +1,13 @@
 """The data plane on TransferQueue (PyPI `transferqueue`): its controller tracks which fields of which
 sample exist and which task consumed it, its storage units hold the values, and its client moves them.
 
-Mapping: a partition is a TQ partition; a row is a TQ sample (its global index is the row id); a column
-is a TQ field. `get` polls the controller in polling mode (TQ's blocking mode sleeps inside the
+Mapping: a partition is a TQ partition; a row is a TQ sample (its global index is the row id). The
+Rollout's columns (`ROLLOUT_COLUMNS`, written together by `put_rows` and read together) travel packed as
+one TQ field, `rows`, holding each row's dict; every column added later (`put_columns`: log-probs,
+advantages, ...) is a TQ field of its own, so readiness per column still comes from TQ. One field
+instead of nine per row: TQ serialises and tracks values per field and sample, and on 2 CPU cores the
+packed field took a 128-row step's build + put + get from about 10 + 10 + 14 ms to 2 + 7 + 6 ms.
+`get` polls the controller in polling mode (TQ's blocking mode sleeps inside the
 controller's single request thread, stalling every other client) and hands the choice of rows to
 `RelaxTQSampler`, which runs our samplers with the group id and length kept as TQ custom metadata.
 """
@@ -16,12 +21,13 @@ from typing import Any
 
 import torch
 
-from relax.distributed.data_plane import DataBatch
+from relax.distributed.data_plane import ROLLOUT_COLUMNS, DataBatch
 from relax.distributed.samplers import get_sampler
 
 logger = logging.getLogger(__name__)
 
-SCALAR_COLUMNS = {"reward", "group_id", "length"}
+ROWS_FIELD = "rows"  # the TQ field holding `put_rows`' columns, one dict per row
+ROW_COLUMNS = frozenset(ROLLOUT_COLUMNS)
 POLL_S = 0.02  # first poll interval; doubles up to POLL_MAX_S
 # A consumer that waits ahead (the Actor takes step k+1's rows while step k trains; the stage roles wait
 # for their inputs) learns that the rows are there at most this late. At 0.2 s the Actor's wait for data
@@ -60,7 +66,7 @@ class RelaxTQSampler(_sampler_base()):
         return chosen, list(chosen)
 
 
-def _to_values(x: Any, n: int, scalar: bool) -> list[Any]:
+def _to_values(x: Any, n: int) -> list[Any]:
     """One TQ field of `n` samples (tensor, nested tensor or non-tensor stack) as plain Python values."""
     if isinstance(x, torch.Tensor):
         rows = [t.tolist() for t in (x.unbind() if x.is_nested else x)]
@@ -68,8 +74,6 @@ def _to_values(x: Any, n: int, scalar: bool) -> list[Any]:
         rows = x.tolist()
     else:
         rows = list(x)
-    if scalar:
-        rows = [r[0] if isinstance(r, list) and len(r) == 1 else r for r in rows]
     if len(rows) != n:
         raise RuntimeError(f"transferqueue returned {len(rows)} values for {n} samples")
     return rows
@@ -116,20 +120,30 @@ class TransferQueueDataPlane:
         return cls(tq.get_client())
 
     async def put_rows(self, partition: str, rows: list[dict[str, Any]]) -> list[int]:
+        extra = sorted({k for r in rows for k in r} - ROW_COLUMNS)
+        if extra:
+            raise ValueError(
+                f"data plane: row columns {extra} are not Rollout columns; add them to "
+                "relax.distributed.data_plane.ROLLOUT_COLUMNS, or write them with put_columns"
+            )
+
         def put() -> list[int]:
-            cols = {k: [r[k] for r in rows] for k in rows[0]}
             meta = self.client.get_meta(
-                data_fields=list(cols), batch_size=len(rows), partition_id=partition, mode="insert"
+                data_fields=[ROWS_FIELD], batch_size=len(rows), partition_id=partition, mode="insert"
             )
             meta.update_custom_meta(
                 [{"group_id": r.get("group_id"), "length": r.get("length", 1)} for r in rows]
             )
-            self.client.put(_tensordict(cols, len(rows)), metadata=meta)
+            self.client.put(_tensordict({ROWS_FIELD: rows}, len(rows)), metadata=meta)
             return list(meta.global_indexes)
 
         return await asyncio.to_thread(put) if rows else []
 
     async def put_columns(self, partition: str, indexes: list[int], columns: dict[str, list[Any]]) -> None:
+        clash = sorted(set(columns) & ROW_COLUMNS)
+        if clash:
+            raise ValueError(f"data plane: {clash} are Rollout columns, written only with put_rows")
+
         def put() -> None:
             meta = self.client.get_meta(
                 data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
@@ -155,12 +169,13 @@ class TransferQueueDataPlane:
         timeout_s: float | None = None,
     ) -> DataBatch:
         config = {"sampler": sampler, "num_ranks": num_ranks}
+        fields = sorted({ROWS_FIELD if c in ROW_COLUMNS else c for c in columns})
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         wait = POLL_S
         while True:
             meta = await asyncio.to_thread(
                 self.client.get_meta,
-                data_fields=columns,
+                data_fields=fields,
                 batch_size=batch_size,
                 partition_id=partition,
                 mode="fetch",
@@ -178,10 +193,16 @@ class TransferQueueDataPlane:
             wait = min(wait * 2, POLL_MAX_S)
         data = await asyncio.to_thread(self.client.get_data, meta)
         n = meta.size
-        return DataBatch(
-            list(meta.global_indexes),
-            {c: _to_values(data[c], n, c in SCALAR_COLUMNS) for c in columns},
-        )
+        rows = _to_values(data[ROWS_FIELD], n) if ROWS_FIELD in fields else []
+        out = {}
+        for c in columns:
+            if c not in ROW_COLUMNS:
+                out[c] = _to_values(data[c], n)
+            elif missing := sum(c not in r for r in rows):
+                raise KeyError(f"data plane: {missing} rows of {partition!r} have no column {c!r}")
+            else:
+                out[c] = [r[c] for r in rows]
+        return DataBatch(list(meta.global_indexes), out)
 
     async def clear(self, partition: str) -> None:
         await asyncio.to_thread(self.client.clear_partition, partition)

@@ -10,6 +10,8 @@ Roles are Serve handles; this module only sequences calls, it computes nothing.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +42,9 @@ class StepFlow:
             self.receivers.append(self.stages["actor_fwd"].weight_url.remote().result())
         self._regroup = False  # a receiver changed (ActorFwd restarted): re-form the group at the next push
         self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push, not awaited
+        self._after: Callable[[], dict[str, float]] | None = None  # the post-train checks, asked not read
+        self._checked_at = -math.inf  # when the background roles were last checked (monotonic)
+        self.step_metrics: dict[str, float] = {}  # the stage roles' metrics of the last trained step
 
     def start(self, first_step: int) -> None:
         """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
@@ -58,11 +63,17 @@ class StepFlow:
         plan, failed engines replaced), the Actor's push, and `finish_weight_update` (admit replaced
         engines, resume generation). The driver does not wait for the last: the next step's calls go
         out while the Rollout resumes (one round trip less on the critical path), and `settle()`, called
-        before the next push and before anything that needs the Rollout's state, raises its error."""
+        before the next push and before anything that needs the Rollout's state, raises its error.
+        The checks that `train` asked for after the update are read while the prepare runs, before the
+        Actor's weights go out (an Actor replaced while it trained must not push fresh weights)."""
         self.settle()
         admit = False
+        preparing = self.rollout.prepare_weight_update.remote(self.health is not None)
         try:
-            prep = self.rollout.prepare_weight_update.remote(self.health is not None).result()
+            try:  # the trained step's checks were asked when it ended; they answer during the prepare
+                self._read_after_train()
+            finally:
+                prep = preparing.result()
             plan = self._apply_engine_changes(prep["plan"])
             if plan is None and self._regroup:
                 urls = self.rollout.engine_urls.remote().result()
@@ -116,7 +127,10 @@ class StepFlow:
         return self.actor.push_weights.remote().result()
 
     def train(self, step: int) -> dict[str, float]:
-        """The Actor's update on step `step`; while it waits for data, background failures surface."""
+        """The Actor's update on step `step`; while it waits for data, background failures surface.
+        The checks that follow an update (the heartbeats; in streaming modes the Rollout's failure and
+        the stage roles' metrics of the step) are asked here and read by the next `push_weights`, whose
+        first round trip they overlap; `step_metrics` then holds the stage roles' metrics."""
         self.training_step = step
         response = self.actor.train.remote(step)
         while True:
@@ -125,33 +139,53 @@ class StepFlow:
                 break
             except TimeoutError:
                 self.check()
-        # an Actor replaced while it trained answered from fresh state: not a result
-        if self.health is not None:
-            self.health.check(self.restart_stage)
-        if self.streaming:  # `check()`'s round trip and the stage roles' metrics, asked together
-            rollout = self.rollout.check.remote()
-            pending = [handle.metrics.remote(step) for handle in self.stages.values()]
-            rollout.result()
-            for response in pending:
-                metrics.update(response.result())
+        self._after = self._ask_checks(step)
         return metrics
 
-    def check(self) -> None:
-        """Let the HealthManager restart failed stage roles; raise the failure of any background role."""
-        if self.health is not None:
-            self.health.check(self.restart_stage)
-        if not self.streaming:
+    def _ask_checks(self, step: int) -> Callable[[], dict[str, float]]:
+        """Send the background checks now; the returned function reads them (raising a failure) and
+        returns the stage roles' metrics of `step` (-1: none). The heartbeats are read first: when the
+        HealthManager restarts a stage role, the stage roles are asked again, on the new handles."""
+        asked = self.health.ask() if self.health is not None else None
+        rollout = self.rollout.check.remote() if self.streaming else None
+
+        def ask_stages() -> list:
+            return [handle.metrics.remote(step) for handle in self.stages.values()] if self.streaming else []
+
+        stages = ask_stages()
+
+        def read() -> dict[str, float]:
+            nonlocal stages
+            if self.health is not None:
+                restarts = sum(self.health.role_restarts.values())
+                self.health.check(self.restart_stage, asked)
+                if sum(self.health.role_restarts.values()) != restarts:
+                    stages = ask_stages()
+            metrics: dict[str, float] = {}
+            if rollout is not None:
+                rollout.result()
+            for response in stages:
+                try:
+                    metrics.update(response.result())
+                except ReplicaGone:
+                    if self.health is None:
+                        raise  # without a HealthManager nobody would restart it
+            self._checked_at = time.monotonic()
+            return metrics
+
+        return read
+
+    def _read_after_train(self) -> None:
+        after, self._after = self._after, None
+        self.step_metrics = after() if after is not None else {}
+
+    def check(self, max_age_s: float = 0.0) -> None:
+        """Let the HealthManager restart failed stage roles; raise the failure of any background role.
+        Asked together: one round trip instead of one per role. `max_age_s`: skip when the roles were
+        checked less than this long ago (the last step's post-train checks count)."""
+        if time.monotonic() - self._checked_at < max_age_s:
             return
-        # asked together: one round trip instead of one per role (the driver waits on these every step)
-        rollout = self.rollout.check.remote()
-        stages = [handle.metrics.remote(-1) for handle in self.stages.values()]
-        rollout.result()
-        for response in stages:
-            try:
-                response.result()
-            except ReplicaGone:
-                if self.health is None:
-                    raise  # without a HealthManager nobody would restart it
+        self._ask_checks(-1)()
 
     def restart_stage(self, name: str) -> None:
         """Redeploy role `name`; a stage role continues from the step in training, or after the last step

@@ -25,7 +25,7 @@ from relax.ops.notify import Notifier
 from relax.ops.trace import StepPhases
 from relax.orchestration import checkpoint as ckpt
 from relax.orchestration import gpus, service
-from relax.orchestration.async_loop import StepFlow
+from relax.orchestration.async_loop import POLL_S, StepFlow
 from relax.orchestration.health import HealthManager
 from relax.orchestration.progress import Progress
 from relax.orchestration.recovery import run_with_restarts
@@ -197,7 +197,9 @@ class Controller:
             if ev.sets and ev.before_train and step == 0:
                 self.metrics.flush.remote(0, self._evaluate(0)).result()
             while step < cfg.trainer.num_steps and not self.stop_requested:
-                self.flow.check()  # restarts failed stateless roles; a lost Actor ends the attempt
+                # restarts failed stateless roles; a lost Actor ends the attempt. The last step's
+                # post-train checks (read during its push) count when they are recent.
+                self.flow.check(max_age_s=POLL_S)
                 phases = StepPhases()
                 with phases.phase("step_time"):
                     with phases.phase("rollout"):
@@ -210,7 +212,13 @@ class Controller:
                     with phases.phase("weight_sync"):
                         version = self.flow.push_weights(step + 1)
                 step += 1
-                metrics = {**rollout_metrics, **train_metrics, **phases.times, "weight_version": version}
+                metrics = {
+                    **rollout_metrics,
+                    **train_metrics,
+                    **self.flow.step_metrics,
+                    **phases.times,
+                    "weight_version": version,
+                }
                 last = step == cfg.trainer.num_steps
                 if ev.sets and ((ev.interval and step % ev.interval == 0) or (last and ev.at_end)):
                     metrics.update(self._evaluate(step))

@@ -52,10 +52,15 @@ class HealthManager:
         self.role_restarts: dict[str, int] = {}
         self.engine_restarts = 0
 
-    def _snapshot(self) -> dict[str, dict[str, Any]]:
+    def ask(self) -> Any:
+        """Ask the board for its snapshot now; hand the answer to `check` later, so the round trip
+        overlaps the caller's other calls."""
+        return self.board.snapshot.remote()
+
+    def _snapshot(self, asked: Any = None) -> dict[str, dict[str, Any]]:
         import ray
 
-        return ray.get(self.board.snapshot.remote(), timeout=60)
+        return ray.get(self.ask() if asked is None else asked, timeout=60)
 
     def watch(
         self, names: list[str], timeout_s: float = WATCH_TIMEOUT_S, *, replacing: str | None = None
@@ -80,9 +85,10 @@ class HealthManager:
                 )
             time.sleep(0.2)
 
-    def failures(self) -> dict[str, str]:
-        """role -> what is wrong with it, for every watched role that is not well."""
-        snap = self._snapshot()
+    def failures(self, asked: Any = None) -> dict[str, str]:
+        """role -> what is wrong with it, for every watched role that is not well (`asked`: a snapshot
+        from `ask()`)."""
+        snap = self._snapshot(asked)
         bad = {}
         for name, incarnation in self.known.items():
             beat = snap.get(name)
@@ -96,9 +102,10 @@ class HealthManager:
                 )
         return bad
 
-    def check(self, restart_in_place: Callable[[str], None]) -> None:
-        """Restart failed stateless roles with `restart_in_place(name)`; raise `GlobalRestart` for the rest."""
-        for name, reason in self.failures().items():
+    def check(self, restart_in_place: Callable[[str], None], asked: Any = None) -> None:
+        """Restart failed stateless roles with `restart_in_place(name)`; raise `GlobalRestart` for the rest
+        (`asked`: a snapshot from `ask()`, else one is asked now)."""
+        for name, reason in self.failures(asked).items():
             if name not in STATELESS:
                 raise GlobalRestart(name, reason)
             count = self.role_restarts.get(name, 0) + 1

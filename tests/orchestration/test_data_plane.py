@@ -54,6 +54,35 @@ async def contract(plane):
         await plane.get("p", ["prompt_ids"], "new_task", 1, timeout_s=0.3)
 
 
+async def packed_rows(plane):
+    """TransferQueue keeps the Rollout's columns packed in one field: every value comes back as written,
+    and a row column the Rollout does not write, or a Rollout column written later, is refused."""
+    from relax.distributed.data_plane import ROLLOUT_COLUMNS
+
+    row = {
+        "prompt_ids": [1, 2],
+        "response_ids": [3, 4, 5],
+        "loss_mask": [1, 1, 0],
+        "rollout_log_probs": [-0.5, -1.25, -2.0],
+        "reward": 0.75,
+        "group_id": 7,
+        "weight_versions": [2, 3],
+        "length": 5,
+        "multimodal_inputs": "",
+    }
+    assert sorted(row) == sorted(ROLLOUT_COLUMNS)
+    ids = await plane.put_rows("r", [row, {**row, "reward": 0.0}])
+    await plane.put_columns("r", ids, {"advantages": [[1.0, 1.0, 0.0], [-1.0, -1.0, 0.0]]})
+    got = await plane.get("r", [*ROLLOUT_COLUMNS, "advantages"], "actor", 2, timeout_s=5)
+    first = {c: got.columns[c][got.indexes.index(ids[0])] for c in got.columns}
+    assert first == {**row, "advantages": [1.0, 1.0, 0.0]}
+    with pytest.raises(ValueError, match="not Rollout columns.*ROLLOUT_COLUMNS"):
+        await plane.put_rows("r", [{**row, "score": 1.0}])
+    with pytest.raises(ValueError, match="written only with put_rows"):
+        await plane.put_columns("r", ids, {"reward": [1.0, 1.0]})
+    await plane.clear("r")
+
+
 def test_local_data_plane_contract():
     asyncio.run(contract(LocalDataPlane()))
 
@@ -65,6 +94,7 @@ def test_transferqueue_data_plane_contract(ray_cluster):
     plane = TransferQueueDataPlane.create()
     try:
         asyncio.run(contract(plane))
+        asyncio.run(packed_rows(plane))
     finally:
         asyncio.run(plane.close())
 
@@ -82,3 +112,45 @@ def test_roles_connect_to_the_plane_on_first_use():
         _ = role.plane
     given = LocalDataPlane()
     assert Role("no-such-plane", given).plane is given
+
+
+def test_row_writer_coalesces_concurrent_writes_and_reports_errors():
+    """Writes that arrive while a put is in flight go out together; each returns once its rows are in,
+    and a failed put raises in every write it carried, not in later ones."""
+    from relax.distributed.data_plane import RowWriter
+
+    class SlowPlane(LocalDataPlane):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[int] = []
+            self.fail_next = False
+
+        async def put_rows(self, partition, rows):
+            self.calls.append(len(rows))
+            await asyncio.sleep(0.05)
+            if self.fail_next:
+                self.fail_next = False
+                raise RuntimeError("storage unit gone")
+            return await super().put_rows(partition, rows)
+
+    async def main():
+        plane = SlowPlane()
+        writer = RowWriter(plane)
+        await asyncio.gather(*(writer.write("p", rows(2)) for _ in range(3)))  # arrived together
+        first = asyncio.create_task(writer.write("p", rows(2)))
+        await asyncio.sleep(0.01)
+        await asyncio.gather(first, *(writer.write("p", rows(2)) for _ in range(4)))
+        assert plane.calls == [6, 2, 8]  # four waited for the put in flight, then went together
+        assert writer.puts == 3 and len(plane.partitions["p"].rows) == 16
+        await writer.write("p", rows(1))  # a lone write goes out at once
+        assert plane.calls[-1] == 1
+        plane.fail_next = True
+        first = asyncio.create_task(writer.write("q", rows(2)))
+        await asyncio.sleep(0.01)
+        later = [asyncio.create_task(writer.write("q", rows(2))) for _ in range(2)]
+        with pytest.raises(RuntimeError, match="storage unit gone"):
+            await first
+        await asyncio.gather(*later)  # carried by the next put, which succeeds
+        assert len(plane.partitions["q"].rows) == 4 and not writer._drains
+
+    asyncio.run(main())
