@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+import uuid
+import weakref
 from typing import Any
 
 import torch
@@ -92,7 +95,38 @@ class TransferQueueDataPlane:
     """`DataPlane` over TransferQueue's controller, storage units and client."""
 
     def __init__(self, client: Any) -> None:
-        self.client = client
+        self.client = client  # TQ's synchronous client: `clear`, `close`, and where no config is known
+        self._conf: Any = None  # the running TQ's config, for the clients below
+        # One asynchronous TQ client per event loop (a role has one): its calls run on the caller's
+        # loop instead of going through a worker thread into the synchronous client's own loop thread,
+        # two thread hand-offs per call that, in a process whose other threads hold the interpreter
+        # lock (the Rollout's HTTP traffic, a forward pass), took up to twice the call's own time.
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+    def _async_client(self) -> Any:
+        """The running loop's asynchronous client (made on first use), or None without a config."""
+        if self._conf is None:
+            return None
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            from transfer_queue.client import AsyncTransferQueueClient
+
+            backend = self._conf.backend.storage_backend
+            client = AsyncTransferQueueClient(
+                f"relax_{os.getpid()}_{uuid.uuid4().hex[:8]}", self._conf.controller.zmq_info
+            )
+            client.initialize_storage_manager(manager_type=backend, config=self._conf.backend[backend])
+            self._clients[loop] = client
+        return client
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """TQ client method `name` (`get_meta`, `put`, `get_data`, `clear_partition`) on this loop's
+        asynchronous client."""
+        client = self._async_client()
+        if client is None:
+            return await asyncio.to_thread(getattr(self.client, name), *args, **kwargs)
+        return await getattr(client, f"async_{name}")(*args, **kwargs)
 
     @classmethod
     def create(cls, num_storage_units: int = 1) -> TransferQueueDataPlane:
@@ -110,14 +144,24 @@ class TransferQueueDataPlane:
         tq.init(conf)
         controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
         ray.get(controller.register_sampler.remote(RelaxTQSampler()))
-        return cls(tq.get_client())
+        return cls._with_conf(tq.get_client(), controller)
 
     @classmethod
     def connect(cls) -> TransferQueueDataPlane:
+        import ray
         import transfer_queue as tq
 
         tq.init()  # attaches to the running controller
-        return cls(tq.get_client())
+        controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
+        return cls._with_conf(tq.get_client(), controller)
+
+    @classmethod
+    def _with_conf(cls, client: Any, controller: Any) -> TransferQueueDataPlane:
+        import ray
+
+        plane = cls(client)
+        plane._conf = ray.get(controller.get_config.remote())
+        return plane
 
     async def put_rows(self, partition: str, rows: list[dict[str, Any]]) -> list[int]:
         extra = sorted({k for r in rows for k in r} - ROW_COLUMNS)
@@ -127,35 +171,29 @@ class TransferQueueDataPlane:
                 "relax.distributed.data_plane.ROLLOUT_COLUMNS, or write them with put_columns"
             )
 
-        def put() -> list[int]:
-            meta = self.client.get_meta(
-                data_fields=[ROWS_FIELD], batch_size=len(rows), partition_id=partition, mode="insert"
-            )
-            meta.update_custom_meta(
-                [{"group_id": r.get("group_id"), "length": r.get("length", 1)} for r in rows]
-            )
-            self.client.put(_tensordict({ROWS_FIELD: rows}, len(rows)), metadata=meta)
-            return list(meta.global_indexes)
-
-        return await asyncio.to_thread(put) if rows else []
+        if not rows:
+            return []
+        meta = await self._call(
+            "get_meta", data_fields=[ROWS_FIELD], batch_size=len(rows), partition_id=partition, mode="insert"
+        )
+        meta.update_custom_meta([{"group_id": r.get("group_id"), "length": r.get("length", 1)} for r in rows])
+        await self._call("put", _tensordict({ROWS_FIELD: rows}, len(rows)), metadata=meta)
+        return list(meta.global_indexes)
 
     async def put_columns(self, partition: str, indexes: list[int], columns: dict[str, list[Any]]) -> None:
         clash = sorted(set(columns) & ROW_COLUMNS)
         if clash:
             raise ValueError(f"data plane: {clash} are Rollout columns, written only with put_rows")
 
-        def put() -> None:
-            meta = self.client.get_meta(
-                data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
-            )
-            pos = {g: k for k, g in enumerate(meta.global_indexes)}
-            missing = [i for i in indexes if i not in pos]
-            if missing:
-                raise KeyError(f"rows {missing} are not in partition {partition!r}")
-            sub = meta.select_samples([pos[i] for i in indexes])
-            self.client.put(_tensordict(columns, len(indexes)), metadata=sub)
-
-        await asyncio.to_thread(put)
+        meta = await self._call(
+            "get_meta", data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
+        )
+        pos = {g: k for k, g in enumerate(meta.global_indexes)}
+        missing = [i for i in indexes if i not in pos]
+        if missing:
+            raise KeyError(f"rows {missing} are not in partition {partition!r}")
+        sub = meta.select_samples([pos[i] for i in indexes])
+        await self._call("put", _tensordict(columns, len(indexes)), metadata=sub)
 
     async def get(
         self,
@@ -173,8 +211,8 @@ class TransferQueueDataPlane:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         wait = POLL_S
         while True:
-            meta = await asyncio.to_thread(
-                self.client.get_meta,
+            meta = await self._call(
+                "get_meta",
                 data_fields=fields,
                 batch_size=batch_size,
                 partition_id=partition,
@@ -191,7 +229,7 @@ class TransferQueueDataPlane:
                 )
             await asyncio.sleep(wait)
             wait = min(wait * 2, POLL_MAX_S)
-        data = await asyncio.to_thread(self.client.get_data, meta)
+        data = await self._call("get_data", meta)
         n = meta.size
         rows = _to_values(data[ROWS_FIELD], n) if ROWS_FIELD in fields else []
         out = {}
@@ -205,9 +243,15 @@ class TransferQueueDataPlane:
         return DataBatch(list(meta.global_indexes), out)
 
     async def clear(self, partition: str) -> None:
-        await asyncio.to_thread(self.client.clear_partition, partition)
+        await self._call("clear_partition", partition)
 
     async def close(self) -> None:
         import transfer_queue as tq
 
+        clients, self._clients = list(self._clients.values()), weakref.WeakKeyDictionary()
+        for client in clients:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                logger.exception("closing a TransferQueue client failed")
         await asyncio.to_thread(tq.close)
