@@ -104,6 +104,7 @@ def main() -> None:
     p.add_argument("--cap", type=int, default=32, help="global response cap (tokens)")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step (8 samples each)")
     p.add_argument("--alpha", type=float, default=1.2, help="Pareto tail index of the per-row caps")
+    p.add_argument("--hidden-size", type=int, default=64, help="of the tiny Qwen2 (the quickstart's has 256)")
     p.add_argument("--engine-threads", type=int, default=1)
     p.add_argument("--trainer-threads", type=int, default=1)
     p.add_argument("--data-plane", default="transferqueue", choices=["transferqueue", "ray"])
@@ -118,7 +119,7 @@ def main() -> None:
     from relax.orchestration.service import start_ray
 
     tmp = Path(tempfile.mkdtemp(prefix="relax-modes-"))
-    model = write_tiny_model(tmp / "tiny-qwen2", family="qwen2")
+    model = write_tiny_model(tmp / "tiny-qwen2", family="qwen2", hidden_size=args.hidden_size)
     data = long_tailed_data(tmp / "arith.jsonl", n=2000, cap=args.cap, alpha=args.alpha, seed=0)
     start_ray(None, num_cpus=args.ray_cpus, object_store_mb=1024)
     modes = args.modes.split(",")

@@ -1,6 +1,9 @@
 """One training step's rollout, streamed: prompt groups are generated concurrently and each finished,
 scored group is handed to a sink (the data plane) at once, so downstream roles start before the step's
-slowest sample ends.
+slowest sample ends. Hand-overs run concurrently: a group that finishes while an earlier group's write is
+in flight does not wait for it (the Rollout's `RowWriter` then sends them out together). Awaiting each
+write in turn put one data-plane round trip per group on the step's critical path: on 2 CPU cores the
+16 writes of a step ran back to back at 5-24 ms each, most of the step's rollout time.
 
 Dynamic sampling (DAPO, `algorithm.dynamic_sampling`) filters as groups finish: a group whose rewards
 all agree (`filter_groups_dynamic_sampling`) is held back, and further rounds draw fresh prompts until
@@ -60,30 +63,37 @@ class StepProducer:
         generated: list[Sample] = []
         held: list[tuple[list[Sample], Any]] = []
         step_stats: list = []  # per produce call: steps running ahead overlap
-        while written < want and rounds < rounds_max:
-            rounds += 1
-            rows = self.source.next_batch(want - written)
-            tasks = [asyncio.ensure_future(self._group(r, next_gid + i)) for i, r in enumerate(rows)]
-            next_gid += len(rows)
-            try:
-                for fut in asyncio.as_completed(tasks):
-                    group, group_stats = await fut
-                    generated += group
-                    step_stats.append(group_stats)
-                    keep = not algo.dynamic_sampling or group_is_informative(group)
-                    informative += int(keep)
-                    if written < want and keep:
-                        await sink(group, group_stats)
-                        written += 1
-                    else:
-                        held.append((group, group_stats))
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                raise
-        for group, group_stats in held[: want - written]:  # rounds exhausted: fill with uninformative groups
-            await sink(group, group_stats)
-            written += 1
+        writes = _Writes(sink)
+        try:
+            while written < want and rounds < rounds_max:
+                rounds += 1
+                rows = self.source.next_batch(want - written)
+                tasks = [asyncio.ensure_future(self._group(r, next_gid + i)) for i, r in enumerate(rows)]
+                next_gid += len(rows)
+                try:
+                    for fut in asyncio.as_completed(tasks):
+                        group, group_stats = await fut
+                        writes.raise_failed()
+                        generated += group
+                        step_stats.append(group_stats)
+                        keep = not algo.dynamic_sampling or group_is_informative(group)
+                        informative += int(keep)
+                        if written < want and keep:
+                            writes.start(group, group_stats)
+                            written += 1
+                        else:
+                            held.append((group, group_stats))
+                except BaseException:
+                    for t in tasks:
+                        t.cancel()
+                    raise
+            for group, group_stats in held[: want - written]:  # rounds exhausted: fill with the rest
+                writes.start(group, group_stats)
+                written += 1
+            await writes.wait()
+        except BaseException:
+            writes.cancel()
+            raise
         stats = step_stats[0]
         for more in step_stats[1:]:
             stats = stats.merge(more)
@@ -96,3 +106,26 @@ class StepProducer:
         metrics["rollout/aborted_requests"] = float(self.loop.inflight.num_aborted)
         metrics["rollout/resumed_frac"] = statistics.fmean(len(s.weight_versions) > 1 for s in generated)
         return metrics
+
+
+class _Writes:
+    """The sink calls of one `produce`, running concurrently; the first failure is raised."""
+
+    def __init__(self, sink: GroupSink) -> None:
+        self.sink = sink
+        self.tasks: list[asyncio.Task] = []
+
+    def start(self, group: list[Sample], stats: Any) -> None:
+        self.tasks.append(asyncio.ensure_future(self.sink(group, stats)))
+
+    def raise_failed(self) -> None:
+        for t in self.tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()
+
+    async def wait(self) -> None:
+        await asyncio.gather(*self.tasks)
+
+    def cancel(self) -> None:
+        for t in self.tasks:
+            t.cancel()
