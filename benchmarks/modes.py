@@ -19,6 +19,7 @@ run beside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from async_flags import add_async_flags
+from cpu_accounting import StepWindow, format_table
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +79,10 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
             "eval.before_train=false",
         ],
     )
+    window = StepWindow(cfg.run.run_dir / "metrics.jsonl", args.warmup, args.steps - 1) if args.cpu else None
     t0 = time.perf_counter()
-    Controller(cfg).run()
+    with window or contextlib.nullcontext():
+        Controller(cfg).run()
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_text().splitlines()]
     steady = rows[args.warmup :]
@@ -92,6 +96,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
         "reward_last": statistics.fmean(rewards[-w:]),
         "response_len_mean": statistics.fmean(r["rollout/response_len_mean"] for r in rows),
         "staleness_max": max(r.get("staleness/max", 0.0) for r in rows),
+        "cpu": window.result() if window else {},
     }
 
 
@@ -112,6 +117,9 @@ def main() -> None:
     add_async_flags(p, batch_order="step", max_aborts=2)
     p.add_argument("--ray-cpus", type=int, default=8, help="logical CPUs declared to Ray")
     p.add_argument("--repeats", type=int, default=1, help="rounds of all modes, run in turn")
+    p.add_argument(
+        "--cpu", action="store_true", help="also print each process's CPU ms per step (Linux /proc)"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -153,6 +161,14 @@ def main() -> None:
             f"{statistics.fmean(x['response_len_mean'] for x in runs):>8.1f} "
             f"{max(x['staleness_max'] for x in runs):>9.0f}"
         )
+
+    if args.cpu:  # the mean over rounds of each process's CPU per counted step
+        cpu = {}
+        for mode in modes:
+            runs = [r[mode]["cpu"] for r in rounds if r[mode]["cpu"]]
+            keys = {k for run in runs for k in run}
+            cpu[mode] = {k: statistics.fmean(run.get(k, 0.0) for run in runs) for k in keys} if runs else {}
+        print(f"\n{format_table(cpu)}")
 
 
 if __name__ == "__main__":

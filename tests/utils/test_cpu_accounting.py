@@ -1,0 +1,65 @@
+"""benchmarks/cpu_accounting.py: processes are named by role, CPU is counted per step window, and a
+window opens and closes on the rows of a metrics file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from cpu_accounting import StepWindow, _label, cpu_by_label, format_table, snapshot  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+
+
+def test_labels_name_roles_and_ray_processes():
+    assert _label(1, "ray::ServeReplica:rollout:rollout") == "rollout"
+    assert _label(1, "ray::EngineActor") == "engine"
+    assert _label(1, "ray::TransferQueueController") == "tq_controller"
+    assert _label(1, "ray::HeartbeatBoard") == "HeartbeatBoard"
+    assert _label(1, "/x/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp") == "ray_daemons"
+    assert _label(1, "/usr/bin/vim notes.txt") == "other"
+
+
+def test_a_busy_process_is_counted_between_two_snapshots():
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(5)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        before = snapshot()
+        time.sleep(1.0)
+        after = snapshot()
+    finally:
+        child.kill()
+        child.wait()
+    assert after[child.pid][0] == "other"
+    assert cpu_by_label({child.pid: before[child.pid]}, {child.pid: after[child.pid]})["other"] >= 0.2
+
+
+def test_the_window_follows_the_metrics_rows(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    with StepWindow(metrics, first=2, last=4, poll_s=0.01) as window:
+        for step in range(1, 6):
+            with metrics.open("a") as f:
+                f.write(json.dumps({"step": step}) + "\n")
+            time.sleep(0.1)
+    result = window.result()
+    assert 50 < result["wall_ms"] < 500  # per step: rows 2 -> 4 arrive ~0.1 s apart
+    assert result["driver"] >= 0 and result["total"] >= result["driver"]
+    table = format_table({"mode": result})
+    assert table.splitlines()[0].split() == ["CPU", "ms", "per", "step", "mode"]
+    assert "utilisation" in table
+
+
+def test_a_window_never_reached_gives_no_result(tmp_path):
+    with StepWindow(tmp_path / "metrics.jsonl", first=1, last=3, poll_s=0.01) as window:
+        time.sleep(0.05)
+    assert window.result() == {}
+    assert "no window" in format_table({"mode": {}})
+    with pytest.raises(ValueError, match="last > first"):
+        StepWindow(tmp_path / "m", first=3, last=3)
