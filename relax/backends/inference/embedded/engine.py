@@ -273,11 +273,11 @@ class EmbeddedEngine:
                 self.scheduler.retract()
 
         self._call(do)
-        logger.info("generation paused (%s)", mode)
+        logger.debug("generation paused (%s)", mode)
 
     def resume(self) -> None:
         self._call(lambda: setattr(self, "paused", False))
-        logger.info("generation continued")
+        logger.debug("generation continued")
 
     def flush_cache(self) -> bool:
         """Nothing is cached across requests (no prefix cache), so there is nothing to flush."""
@@ -302,7 +302,7 @@ class EmbeddedEngine:
             return n
 
         n = self._call(load)
-        logger.info("loaded %d weights, version %s", n, self.weight_version)
+        logger.debug("loaded %d weights, version %s", n, self.weight_version)
         return n
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> int:
