@@ -40,6 +40,7 @@ from relax.orchestration.staleness import staleness_metrics
 from relax.utils.timer import timer
 
 logger = logging.getLogger(__name__)
+ACTOR_POLL_S = 0.01  # the Actor's longest interval between data-plane polls while it waits for a step
 
 
 class ActorRole(PlaneClient):
@@ -139,7 +140,12 @@ class ActorRole(PlaneClient):
         if self.in_process:
             columns = await self._stream_forward(partition, total, times)
         else:
-            columns = (await self.plane.get(partition, self.train_columns, "actor", total)).columns
+            # the driver no longer waits for the Rollout before `train`: this wait is on the step's
+            # critical path, so it polls more often than the stage roles, which wait ahead
+            data = await self.plane.get(
+                partition, self.train_columns, "actor", total, poll_max_s=ACTOR_POLL_S
+            )
+            columns = data.columns
         self._received_step = max(self._received_step, step)
         return columns, times
 

@@ -74,9 +74,12 @@ class DataPlane(Protocol):
         sampler: str = "sequential",
         num_ranks: int = 1,
         timeout_s: float | None = None,
+        poll_max_s: float | None = None,
     ) -> DataBatch:
         """Block until the sampler can hand `task` `batch_size` rows holding all `columns`; mark them
-        consumed by `task`. Raises `TimeoutError` after `timeout_s`."""
+        consumed by `task`. Raises `TimeoutError` after `timeout_s`. `poll_max_s`: a plane that polls
+        (TransferQueue) polls at least this often, for a consumer whose wait is on the critical path;
+        event-driven planes ignore it."""
 
     async def clear(self, partition: str) -> None:
         """Forget a partition (rows, columns, consumption)."""
@@ -149,6 +152,7 @@ class LocalDataPlane:
         sampler: str = "sequential",
         num_ranks: int = 1,
         timeout_s: float | None = None,
+        poll_max_s: float | None = None,  # woken by every write: nothing to poll
     ) -> DataBatch:
         async def wait() -> DataBatch:
             async with self._cond():

@@ -205,11 +205,13 @@ class TransferQueueDataPlane:
         sampler: str = "sequential",
         num_ranks: int = 1,
         timeout_s: float | None = None,
+        poll_max_s: float | None = None,
     ) -> DataBatch:
         config = {"sampler": sampler, "num_ranks": num_ranks}
         fields = sorted({ROWS_FIELD if c in ROW_COLUMNS else c for c in columns})
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        wait = POLL_S
+        longest = POLL_MAX_S if poll_max_s is None else poll_max_s
+        wait = min(POLL_S, longest)
         while True:
             meta = await self._call(
                 "get_meta",
@@ -228,7 +230,7 @@ class TransferQueueDataPlane:
                     f"in {partition!r}"
                 )
             await asyncio.sleep(wait)
-            wait = min(wait * 2, POLL_MAX_S)
+            wait = min(wait * 2, longest)
         data = await self._call("get_data", meta)
         n = meta.size
         rows = _to_values(data[ROWS_FIELD], n) if ROWS_FIELD in fields else []

@@ -260,7 +260,9 @@ async def push_weights(
         ]
         send = asyncio.create_task(asyncio.to_thread(group.broadcast, [t for _, t in bucket]))
         await _all_or_first_error([send, *calls])
-    logger.debug("weights v%s pushed: %d tensors in %d buckets", version, sum(map(len, buckets)), len(buckets))
+    logger.debug(
+        "weights v%s pushed: %d tensors in %d buckets", version, sum(map(len, buckets)), len(buckets)
+    )
 
 
 async def _all_or_first_error(tasks: list[asyncio.Task]) -> None:

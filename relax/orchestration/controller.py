@@ -203,12 +203,15 @@ class Controller:
                 phases = StepPhases()
                 with phases.phase("step_time"):
                     with phases.phase("rollout"):
-                        if self.flow.streaming:  # started ahead, in the background, gated by staleness
-                            rollout_metrics = self.rollout.metrics.remote(step + 1).result()
+                        if self.flow.streaming:  # started ahead, in the background, gated by staleness;
+                            # the Actor waits for the step's rows itself, so its metrics are read after
+                            rollout_pending = self.rollout.metrics.remote(step + 1)
                         else:
                             rollout_metrics = self.rollout.generate.remote(step + 1).result()
                     with phases.phase("train"):
                         train_metrics = self.flow.train(step + 1)
+                    if self.flow.streaming:
+                        rollout_metrics = rollout_pending.result()
                     with phases.phase("weight_sync"):
                         version = self.flow.push_weights(step + 1)
                 step += 1
