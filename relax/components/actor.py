@@ -111,7 +111,7 @@ class ActorRole(PlaneClient):
         with timer("wait_data", times):
             columns = await self._take(step, times)
         if self.prefetch and step < self.cfg.trainer.num_steps:
-            self._next = (step + 1, asyncio.create_task(self._fetch(step + 1)))
+            self._next = (step + 1, asyncio.create_task(self._fetch(step + 1, ahead=True)))
         with timer("decode", times):
             batch = batch_from_columns(columns)
         metrics = await asyncio.to_thread(self.train_sync, batch, times)
@@ -133,23 +133,25 @@ class ActorRole(PlaneClient):
         times.update(fetch_times)
         return columns
 
-    async def _fetch(self, step: int) -> tuple[dict[str, list], dict[str, float]]:
-        """Wait for step `step`'s rows and take them (marks them consumed by the Actor)."""
+    async def _fetch(self, step: int, ahead: bool = False) -> tuple[dict[str, list], dict[str, float]]:
+        """Wait for step `step`'s rows and take them (marks them consumed by the Actor). The driver sends
+        `train` without waiting for the Rollout, so a wait in `train` is on the step's critical path and
+        polls a polling plane at least every `ACTOR_POLL_S`; a fetch `ahead` (while the step before
+        trains) keeps the plane's slower default, like the stage roles that wait ahead."""
         total, partition = self.cfg.rollout.rows_per_step, partition_name(step)
         times: dict[str, float] = {}
+        poll = None if ahead else ACTOR_POLL_S
         if self.in_process:
-            columns = await self._stream_forward(partition, total, times)
+            columns = await self._stream_forward(partition, total, times, poll)
         else:
-            # the driver no longer waits for the Rollout before `train`: this wait is on the step's
-            # critical path, so it polls more often than the stage roles, which wait ahead
-            data = await self.plane.get(
-                partition, self.train_columns, "actor", total, poll_max_s=ACTOR_POLL_S
-            )
+            data = await self.plane.get(partition, self.train_columns, "actor", total, poll_max_s=poll)
             columns = data.columns
         self._received_step = max(self._received_step, step)
         return columns, times
 
-    async def _stream_forward(self, partition: str, total: int, times: dict[str, float]) -> dict[str, list]:
+    async def _stream_forward(
+        self, partition: str, total: int, times: dict[str, float], poll_max_s: float | None = None
+    ) -> dict[str, list]:
         r = self.cfg.rollout
         chunk = r.n_samples_per_prompt * max(1, r.prompts_per_step // 4)  # sub-batch of whole groups
         columns: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
@@ -161,6 +163,7 @@ class ActorRole(PlaneClient):
                 "actor",
                 min(chunk, total - len(columns["reward"])),
                 sampler="whole_groups",
+                poll_max_s=poll_max_s,
             )
             sub = batch_from_columns(data.columns)
             with timer("old_log_probs", times):
