@@ -47,7 +47,14 @@ def _sampler_base() -> type:
 
 class RelaxTQSampler(_sampler_base()):
     """TransferQueue sampler that runs `relax.distributed.samplers` (chosen per call by
-    `sampling_config={"sampler": name, "num_ranks": k}`); group ids and lengths come from custom meta."""
+    `sampling_config={"sampler": name, "num_ranks": k}`); group ids and lengths come from custom meta.
+
+    A row is served only once its custom meta has arrived. TQ's `put` stores the values (the storage
+    unit then marks the row ready in the controller) and only afterwards sends the row's custom meta, so
+    a consumer polling in between saw ready rows without a group id. `whole_groups` took each of them for
+    a group of its own, handed out part of a real group, and the group's remaining rows could then never
+    complete a whole-group batch: hybrid's Actor waited forever for its last sub-batch.
+    """
 
     def sample(
         self,
@@ -59,14 +66,22 @@ class RelaxTQSampler(_sampler_base()):
         num_ranks: int = 1,
         **kwargs: Any,
     ) -> tuple[list[int], list[int]]:
-        meta = partition.get_custom_meta(list(ready_indexes)) if partition is not None else {}
-        groups = {i: int(m.get("group_id", i)) for i, m in meta.items()}
-        lengths = {i: int(m.get("length", 1)) for i, m in meta.items()}
-        if sampler == "whole_groups" and partition is not None:  # group members may not be ready yet
-            every = partition.get_custom_meta(sorted(partition.global_indexes))
-            groups = {i: int(m.get("group_id", i)) for i, m in every.items()}
-        chosen = get_sampler(sampler)(list(ready_indexes), batch_size, groups, lengths, num_ranks)
+        ready = list(ready_indexes)
+        groups: dict[int, int] = {}
+        lengths: dict[int, int] = {}
+        if partition is not None:
+            meta = partition.get_custom_meta(ready)
+            ready = [i for i in ready if i in meta]  # values written, custom meta not yet: wait
+            groups, lengths = _group_ids(meta), {i: int(m.get("length") or 1) for i, m in meta.items()}
+            if sampler == "whole_groups":  # a group's other rows may not be ready yet
+                groups = _group_ids(partition.get_custom_meta(sorted(partition.global_indexes)))
+        chosen = get_sampler(sampler)(ready, batch_size, groups, lengths, num_ranks)
         return chosen, list(chosen)
+
+
+def _group_ids(meta: dict[int, dict]) -> dict[int, int]:
+    """Row -> group id from TQ custom meta; a row written without one is a group of its own."""
+    return {i: i if m.get("group_id") is None else int(m["group_id"]) for i, m in meta.items()}
 
 
 def _to_values(x: Any, n: int) -> list[Any]:

@@ -154,3 +154,40 @@ def test_row_writer_coalesces_concurrent_writes_and_reports_errors():
         assert len(plane.partitions["q"].rows) == 4 and not writer._drains
 
     asyncio.run(main())
+
+
+class _Partition:
+    """The part of a TransferQueue partition `RelaxTQSampler` reads: every row's index and the custom meta
+    that has arrived so far."""
+
+    def __init__(self, n: int, meta: dict[int, dict]) -> None:
+        self.global_indexes = set(range(n))
+        self.meta = meta
+
+    def get_custom_meta(self, indexes):
+        return {i: self.meta[i] for i in indexes if i in self.meta}
+
+
+def test_tq_sampler_serves_rows_only_after_their_group_id_arrives():
+    """TQ's put marks a row ready before it sets the row's custom meta. Rows caught in between must wait:
+    taken as groups of one, they split real groups, and the rest of a split group never formed a
+    whole-group batch again (hybrid's Actor stalled on its last sub-batch)."""
+    from relax.distributed.tq_data_plane import RelaxTQSampler
+
+    sampler = RelaxTQSampler()
+    # Rows 0-3: group 0, meta set. Rows 4-7 (groups 1 and 2) are ready, their meta still in flight.
+    meta = {i: {"group_id": 0, "length": 5} for i in range(4)}
+    part = _Partition(8, meta)
+    for name in ("whole_groups", "sequential", "seqlen_balanced"):
+        chosen, consumed = sampler.sample(list(range(8)), 8, partition=part, sampler=name)
+        assert chosen == [] and consumed == [], name
+    chosen, _ = sampler.sample(list(range(8)), 4, partition=part, sampler="whole_groups")
+    assert chosen == [0, 1, 2, 3]
+    meta.update({i: {"group_id": 1 + (i >= 6), "length": 5} for i in range(4, 8)})
+    chosen, _ = sampler.sample(list(range(4, 8)), 2, partition=part, sampler="whole_groups")
+    assert chosen == [4, 5]
+    # A row written without a group id is a group of its own.
+    meta[8] = {"group_id": None, "length": 2}
+    part.global_indexes.add(8)
+    chosen, _ = sampler.sample([8], 1, partition=part, sampler="whole_groups")
+    assert chosen == [8]
