@@ -14,13 +14,19 @@ pick one by `resources.data_plane`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from relax.distributed.samplers import get_sampler
 
 logger = logging.getLogger(__name__)
+
+# A `get` that has waited this long for its rows says so, and again every interval: a producer may have
+# stopped, or the partition holds rows the sampler cannot serve. A step of a healthy run waits seconds.
+STALL_WARN_S = 120.0
 
 # -- columns, by producer ---------------------------------------------------------------------------
 ROLLOUT_COLUMNS = [  # Rollout: one row per sample
@@ -155,12 +161,21 @@ class LocalDataPlane:
         poll_max_s: float | None = None,  # woken by every write: nothing to poll
     ) -> DataBatch:
         async def wait() -> DataBatch:
+            started = warned = time.monotonic()
             async with self._cond():
                 while True:
                     got = self._try_take(partition, columns, task, batch_size, sampler, num_ranks)
                     if got is not None:
                         return got
-                    await self._cond().wait()
+                    if time.monotonic() - warned >= STALL_WARN_S:
+                        warned = time.monotonic()
+                        logger.warning(
+                            "data plane: %r has waited %.0f s for %d rows with %s of %r (sampler %s): %s",
+                            task, warned - started, batch_size, columns, partition, sampler,
+                            self.status(partition),
+                        )  # fmt: skip
+                    with contextlib.suppress(asyncio.TimeoutError):  # woken by a write, or to warn again
+                        await asyncio.wait_for(self._cond().wait(), warned + STALL_WARN_S - time.monotonic())
 
         try:
             return await asyncio.wait_for(wait(), timeout_s)

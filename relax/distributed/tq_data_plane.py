@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from relax.distributed import data_plane as dp
 from relax.distributed.data_plane import ROLLOUT_COLUMNS, DataBatch
 from relax.distributed.samplers import get_sampler
 
@@ -227,6 +228,7 @@ class TransferQueueDataPlane:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         longest = POLL_MAX_S if poll_max_s is None else poll_max_s
         wait = min(POLL_S, longest)
+        started = warned = time.monotonic()
         while True:
             meta = await self._call(
                 "get_meta",
@@ -244,6 +246,9 @@ class TransferQueueDataPlane:
                     f"data plane: {task!r} waited {timeout_s}s for {batch_size} rows with {columns} "
                     f"in {partition!r}"
                 )
+            if time.monotonic() - warned >= dp.STALL_WARN_S:
+                warned = time.monotonic()
+                await self._warn_stalled(partition, columns, task, batch_size, sampler, warned - started)
             await asyncio.sleep(wait)
             wait = min(wait * 2, longest)
         data = await self._call("get_data", meta)
@@ -258,6 +263,25 @@ class TransferQueueDataPlane:
             else:
                 out[c] = [r[c] for r in rows]
         return DataBatch(list(meta.global_indexes), out)
+
+    async def _warn_stalled(
+        self, partition: str, columns: list[str], task: str, batch_size: int, sampler: str, waited: float
+    ) -> None:
+        """Say what a long wait is waiting for, with how many rows the partition holds (any columns)."""
+        meta = await self._call(
+            "get_meta", data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
+        )
+        logger.warning(
+            "data plane: %r has waited %.0f s for %d rows with %s of %r (sampler %s), which holds %d rows "
+            "in all: is the producer of the missing columns running?",
+            task,
+            waited,
+            batch_size,
+            columns,
+            partition,
+            sampler,
+            meta.size,
+        )
 
     async def clear(self, partition: str) -> None:
         await self._call("clear_partition", partition)

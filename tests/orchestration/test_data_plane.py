@@ -191,3 +191,43 @@ def test_tq_sampler_serves_rows_only_after_their_group_id_arrives():
     part.global_indexes.add(8)
     chosen, _ = sampler.sample([8], 1, partition=part, sampler="whole_groups")
     assert chosen == [8]
+
+
+class _StalledClient:
+    """A TransferQueue client whose partition holds 3 rows, none ready for the waiting task."""
+
+    class _Meta:
+        def __init__(self, size: int) -> None:
+            self.size = size
+            self.global_indexes = list(range(size))
+
+    def get_meta(self, mode, **kwargs):
+        return self._Meta(3 if mode == "force_fetch" else 0)
+
+
+def test_tq_plane_warns_while_a_wait_stalls(monkeypatch, caplog):
+    """A consumer that waits long for rows says so (again every interval), naming what it waits for and
+    how many rows the partition holds, instead of hanging silently; it still times out when asked."""
+    import relax.distributed.data_plane as dp
+    from relax.distributed.tq_data_plane import TransferQueueDataPlane
+
+    monkeypatch.setattr(dp, "STALL_WARN_S", 0.05)
+
+    async def stall_local():
+        local = LocalDataPlane()
+        await local.put_rows("train_1", rows(3, group_size=4))  # one group of 3: no batch of 2 whole rows
+        await local.get("train_1", ["reward"], "actor", 2, sampler="whole_groups", timeout_s=0.4)
+
+    for plane, run, held in [
+        ("tq", lambda: TransferQueueDataPlane(_StalledClient()).get(
+            "train_1", ["reward"], "actor", 8, sampler="whole_groups", timeout_s=0.4), "holds 3 rows"),
+        ("local", stall_local, "'rows': 3"),
+    ]:  # fmt: skip
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="relax.distributed"):
+            with pytest.raises(TimeoutError):
+                asyncio.run(run())
+        warnings = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
+        assert len(warnings) >= 2, (plane, warnings)
+        assert "'actor'" in warnings[0] and "rows with ['reward'] of 'train_1'" in warnings[0], warnings
+        assert "whole_groups" in warnings[0] and held in warnings[0], warnings
