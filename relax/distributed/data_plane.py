@@ -24,9 +24,10 @@ from relax.distributed.samplers import get_sampler
 
 logger = logging.getLogger(__name__)
 
-# A `get` that has waited this long for its rows says so, and again every interval: a producer may have
-# stopped, or the partition holds rows the sampler cannot serve. A step of a healthy run waits seconds.
-STALL_WARN_S = 120.0
+# A `get` that has waited this long for its rows says so (INFO), and again every interval: a one-line status
+# that tells a long step (a long-reasoning rollout can take many minutes) from a stalled producer or rows
+# the sampler cannot serve.
+STALL_WARN_S = 300.0
 
 # -- columns, by producer ---------------------------------------------------------------------------
 ROLLOUT_COLUMNS = [  # Rollout: one row per sample
@@ -169,8 +170,8 @@ class LocalDataPlane:
                         return got
                     if time.monotonic() - warned >= STALL_WARN_S:
                         warned = time.monotonic()
-                        logger.warning(
-                            "data plane: %r has waited %.0f s for %d rows with %s of %r (sampler %s): %s",
+                        logger.info(
+                            "data plane: %r still waiting after %.0f s for %d rows with %s of %r (sampler %s): %s",
                             task, warned - started, batch_size, columns, partition, sampler,
                             self.status(partition),
                         )  # fmt: skip

@@ -271,9 +271,8 @@ class TransferQueueDataPlane:
         meta = await self._call(
             "get_meta", data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
         )
-        logger.warning(
-            "data plane: %r has waited %.0f s for %d rows with %s of %r (sampler %s), which holds %d rows "
-            "in all: is the producer of the missing columns running?",
+        logger.info(
+            "data plane: %r still waiting after %.0f s for %d rows with %s of %r (sampler %s); it holds %d rows",
             task,
             waited,
             batch_size,
