@@ -9,6 +9,7 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q torch==2.13.0 -e '.[test]'
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled
 .venv/bin/ruff check relax tests benchmarks
+.venv/bin/ruff format --check relax tests benchmarks
 set +e
 .venv/bin/pytest -ra --durations=20 "$@"
 rc=$?

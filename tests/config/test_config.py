@@ -93,7 +93,9 @@ def test_dump_round_trip(cfg_file, tmp_path):
     assert again == cfg
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[2] / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_every_example_config_validates(path):
     """The shipped examples stay valid as the schema changes (the e2e tests start from tests/toy_arith.yaml)."""
     cfg = load_config(path)

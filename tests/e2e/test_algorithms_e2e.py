@@ -54,7 +54,9 @@ def test_algorithm_learns(name, ray_cluster, tiny_model_dir, arith_file, tmp_pat
     rows = _run(name, STEPS, tiny_model_dir, arith_file, tmp_path)
     rewards = [r["rollout/reward_mean"] for r in rows]
     first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
-    assert last > first + MARGIN, f"{name}: reward {first:.3f} -> {last:.3f} ({[round(r, 2) for r in rewards]})"
+    assert last > first + MARGIN, (
+        f"{name}: reward {first:.3f} -> {last:.3f} ({[round(r, 2) for r in rewards]})"
+    )
 
 
 @pytest.mark.parametrize("name", SMOKE)
