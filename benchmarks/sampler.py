@@ -1,13 +1,15 @@
-"""Cost of one batched sampling step: the inverse-CDF draw against the exponential race, same logits.
+"""Cost of one batched sampling step: the inverse-CDF draw, the exponential race and (CUDA with Triton)
+the fused one-pass kernel, same logits.
 
-`relax/backends/inference/embedded/sampling.py` picks the inverse CDF on the CPU and the race on CUDA;
-this prints both on the device you name, so the choice can be checked on new hardware.
+`relax/backends/inference/embedded/sampling.py` picks the inverse CDF on the CPU and, on CUDA, the fused
+kernel where the batch allows it, else the race; this prints each on the device you name, so the choice
+can be checked on new hardware.
 
     python benchmarks/sampler.py --device cpu --rows 64 --vocab 512
     python benchmarks/sampler.py --device cuda --rows 256 --vocab 151936
 
 Measured: CPU (2 cores, 1 thread, 64 x 512) race 0.55-0.64 ms, inverse CDF 0.26-0.33 ms; H200
-(256 x 151936, bf16 logits) race 0.66 ms, inverse CDF 0.92 ms.
+(256 x 151936, bf16 logits) race 0.66 ms, inverse CDF 0.92 ms, fused 0.16-0.22 ms.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 import torch
 
+from relax.backends.inference.embedded import fused_sampling
 from relax.backends.inference.embedded.sampling import BatchSampler, RowParams, make_generator
 
 
@@ -50,9 +53,14 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     logits = 3 * torch.randn(a.rows, a.vocab, device=device, dtype=dtype)
     out = {"device": a.device, "rows": a.rows, "vocab": a.vocab}
-    for method in ("race", "inverse_cdf"):
+    methods = ["race", "inverse_cdf"] + (
+        ["fused"] if device.type == "cuda" and fused_sampling.available() else []
+    )
+    for method in methods:
         out[f"{method}_ms"] = round(1e3 * time_method(method, logits, a.iters), 3)
     out["race_over_inverse_cdf"] = round(out["race_ms"] / out["inverse_cdf_ms"], 2)
+    if "fused_ms" in out:
+        out["race_over_fused"] = round(out["race_ms"] / out["fused_ms"], 2)
     print(json.dumps(out))
 
 

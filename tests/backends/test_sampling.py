@@ -1,5 +1,6 @@
 """The batched sampler draws from the distribution it reports: frequencies match the (truncated,
-renormalised) probabilities, excluded and banned tokens are never drawn, and seeded rows repeat."""
+renormalised) probabilities, excluded and banned tokens are never drawn, and seeded rows repeat. The fused
+CUDA kernel (`fused_sampling.py`) runs the same checks where there is a GPU with Triton."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import math
 import pytest
 import torch
 
+from relax.backends.inference.embedded import fused_sampling
 from relax.backends.inference.embedded.sampling import BatchSampler, RowParams, make_generator
 
 CPU = torch.device("cpu")
+needs_fused = pytest.mark.skipif(
+    not fused_sampling.available(), reason="the fused sampler needs CUDA and Triton"
+)
 
 
 def _row(**kw) -> RowParams:
@@ -18,16 +23,23 @@ def _row(**kw) -> RowParams:
     return RowParams(**{**base, **kw})
 
 
-METHODS = ["inverse_cdf", "race"]  # the CPU's and the GPU's draw, both checked here
+METHODS = ["inverse_cdf", "race"]  # the CPU's and the GPU's torch draws, both checked on the CPU
+ALL_METHODS = [*METHODS, pytest.param("fused", marks=needs_fused)]  # + the CUDA kernel, on a GPU
+
+
+def _device(method: str) -> torch.device:
+    return torch.device("cuda") if method == "fused" else CPU
 
 
 def _frequencies(
     logits_V: torch.Tensor, row: RowParams, draws: int, method: str, seed: int = 0
 ) -> torch.Tensor:
     """Token frequencies over `draws` rows sampled in one batch from the same logits."""
-    sampler = BatchSampler([row] * draws, CPU, method)
-    gen = make_generator(seed, CPU)
-    tokens, logp = sampler.sample(logits_V.expand(draws, -1).contiguous(), gen)
+    dev = _device(method)
+    sampler = BatchSampler([row] * draws, dev, method)
+    gen = make_generator(seed, dev)
+    tokens, logp = sampler.sample(logits_V.expand(draws, -1).contiguous().to(dev), gen)
+    tokens, logp = tokens.cpu(), logp.cpu()
     want_logp = torch.log_softmax(logits_V / max(row.temperature, 1e-6), -1)[tokens]
     torch.testing.assert_close(logp, want_logp)  # the log-prob before truncation, at the temperature
     return torch.bincount(tokens, minlength=logits_V.numel()).double() / draws
@@ -39,7 +51,7 @@ def _close(freq: torch.Tensor, probs: torch.Tensor, draws: int) -> None:
     assert ((freq - probs).abs() <= 5 * se + 1e-9).all(), (freq, probs)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ALL_METHODS)
 def test_frequencies_follow_the_softmax_at_the_temperature(method):
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     for temperature in (1.0, 0.7):
@@ -61,7 +73,7 @@ def test_truncation_renormalises_and_never_draws_excluded_tokens(method):
     assert freq[~keep].sum() == 0 and freq[keep].sum() == 1
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ALL_METHODS)
 def test_banned_tokens_are_never_drawn(method):
     logits = torch.tensor([0.0, -1e30, 0.0, -1e30, 0.0])  # media tokens of a multimodal model
     freq = _frequencies(logits, _row(), 20_000, method)
@@ -88,19 +100,40 @@ def test_a_draw_at_the_top_of_the_cdf_still_lands_on_a_kept_token():
     assert int(tokens[0]) == 1
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ALL_METHODS)
 def test_seeded_rows_repeat_whatever_the_batch(method):
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    dev = _device(method)
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1)).to(dev)
+    drawn = set()
     for step in range(20):  # several steps of the same generators
         if step == 0:
             alone_row, mixed_row = (
-                _row(generator=make_generator(7, CPU)),
-                _row(generator=make_generator(7, CPU)),
+                _row(generator=make_generator(7, dev)),
+                _row(generator=make_generator(7, dev)),
             )
-        alone, _ = BatchSampler([alone_row], CPU, method).sample(logits[1:2], make_generator(0, CPU))
+        alone, _ = BatchSampler([alone_row], dev, method).sample(logits[1:2], make_generator(0, dev))
         batch = [_row(), mixed_row, _row()]
-        mixed, _ = BatchSampler(batch, CPU, method).sample(logits, make_generator(5 + step, CPU))
+        mixed, _ = BatchSampler(batch, dev, method).sample(logits, make_generator(5 + step, dev))
         assert int(alone[0]) == int(mixed[1])
+        drawn.add(int(alone[0]))
+    assert len(drawn) > 1  # the generator advances: not one token over and over
+
+
+@needs_fused
+def test_cuda_batches_take_the_fused_kernel_unless_a_row_truncates_or_is_greedy():
+    cuda = torch.device("cuda")
+    assert BatchSampler([_row(), _row(temperature=0.6)], cuda).inv_temp_B is not None
+    assert BatchSampler([_row(), _row(top_p=0.9)], cuda).inv_temp_B is None
+    assert BatchSampler([_row(), _row(temperature=0.0)], cuda).inv_temp_B is None
+    logits = torch.randn(256, 151936, device=cuda, dtype=torch.bfloat16) * 3
+    tokens, logp = BatchSampler([_row(temperature=0.8)] * 256, cuda).sample(logits, make_generator(0, cuda))
+    want = torch.log_softmax(logits.float() / 0.8, -1).gather(1, tokens[:, None])[:, 0]
+    torch.testing.assert_close(logp, want, atol=2e-4, rtol=1e-4)  # a vocabulary of Qwen's size
+
+
+def test_fused_is_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match="fused sampler needs CUDA"):
+        BatchSampler([_row()], CPU, "fused")
 
 
 def test_unknown_method_is_refused():
