@@ -62,7 +62,8 @@ def _kernels() -> tuple[Any, Any]:
         better = score > best
         return new_max, run_sum, tl.where(better, score, best), tl.where(better, offs, best_at)
 
-    @triton.jit
+    # arguments that vary with the batch are not specialised on, so a new batch size compiles nothing
+    @triton.jit(do_not_specialize=["chunks_per_part"])
     def scan_part(
         logits_ptr, stride, inv_temp_ptr, seed_ptr, part_ptr, V, chunks_per_part, SUB: tl.constexpr
     ):
@@ -105,7 +106,7 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(out + 2, best_score)
         tl.store(out + 3, tl.min(tl.where(best == best_score, best_at, V), 0).to(tl.float32))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["parts"])
     def combine(logits_ptr, stride, inv_temp_ptr, part_ptr, token_ptr, logp_ptr, parts, P: tl.constexpr):
         """One program per row: the parts' log-sum-exp, the best part's token (ties: the first part,
         whose indexes are the smallest) and the token's log-prob."""
@@ -152,7 +153,7 @@ def fused_sample(logits_BV: Tensor, inv_temp_B: Tensor, seeds_B: Tensor) -> tupl
     scan_part[(B, parts)](
         logits_BV, stride, inv_temp_B, seeds_B, partial, V, per_part, SUB=SUB, num_warps=WARPS
     )
-    P = max(2, 1 << (parts - 1).bit_length())
+    P = max(2, 1 << (chunks - 1).bit_length())  # a bound on `parts` fixed by V: one compile per vocabulary
     combine[(B,)](logits_BV, stride, inv_temp_B, partial, tokens_B, logp_B, parts, P=P, num_warps=1)
     return tokens_B, logp_B
 
