@@ -53,11 +53,6 @@ class ActorRole(PlaneClient):
         # fully_async: ActorFwd, Reference and Advantages fill their columns; else they run in process.
         self.in_process = cfg.resources.mode != "fully_async"
         self.needs_reference = needs_reference(cfg) and self.in_process
-        if spec.needs_critic and not self.in_process:
-            raise ValueError(
-                f"algorithm {cfg.algorithm.name!r} trains a critic, which runs in process on the Actor; "
-                "use resources.mode=hybrid or colocate"
-            )
         self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
         self.num_ranks = cfg.trainer.num_ranks
         self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use

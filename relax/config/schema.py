@@ -497,6 +497,11 @@ class RelaxConfig(Section):
                 f"{self.rollout.temperature}, as pi_old; the trainer's are at temperature 1. Set "
                 "rollout.temperature=1.0 or algorithm.old_log_probs=recompute"
             )
+        if self.algorithm.spec.needs_critic and self.resources.mode == "fully_async":
+            raise ValueError(
+                f"algorithm {self.algorithm.name!r} trains a critic, which runs in process on the Actor; "
+                "fully_async has no critic role: use resources.mode=hybrid (streaming) or colocate"
+            )
         if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(
                 f"algorithm {self.algorithm.name!r} normalises rewards within prompt groups and needs "

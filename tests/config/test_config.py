@@ -69,6 +69,11 @@ def test_cross_section_checks(cfg_file):
         load_config(cfg_file, ["rollout.n_samples_per_prompt=1"])
     with pytest.raises(ConfigError, match="engine_urls"):
         load_config(cfg_file, ["rollout.engine=external"])
+    # caught when the config loads, not when the Actor's replica fails to start three times
+    with pytest.raises(ConfigError, match="'ppo' trains a critic.*resources.mode=hybrid"):
+        load_config(
+            cfg_file, ["algorithm.name=ppo", "resources.mode=fully_async", "resources.max_staleness=1"]
+        )
 
 
 def test_missing_required_and_file(tmp_path):

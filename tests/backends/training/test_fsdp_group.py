@@ -153,3 +153,22 @@ def assert_engine_matches(group: TrainerGroup, url: str) -> None:
     batch.prompt_ids, batch.response_ids = [[5, 6, 7, 8]], [out.output_ids]
     got = group.compute_log_probs(batch)[0]
     torch.testing.assert_close(torch.tensor(out.output_log_probs), got, atol=1e-4, rtol=1e-4)
+
+
+def test_ranks_that_do_not_fit_say_so_and_fail(ray_cluster, monkeypatch, caplog):
+    """Ranks the cluster cannot place report what they wait for and what is free, then fail naming the
+    keys to change, instead of hanging in the Actor's start-up."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    import relax.distributed.actor_group as ag
+
+    monkeypatch.setattr(ag, "PLACEMENT_WARN_S", 0.3)
+    monkeypatch.setattr(ag, "PLACEMENT_TIMEOUT_S", 0.9)
+    pg = placement_group([{"CPU": 1000}], strategy="PACK")
+    with caplog.at_level("WARNING", logger="relax.distributed.actor_group"):
+        with pytest.raises(RuntimeError, match=r"2 training rank\(s\).*free now: CPU .*resources.num_cpus"):
+            ag.wait_for_placement(pg, "2 training rank(s) of {'CPU': 1000}")
+    assert sum("not placed after" in r.getMessage() for r in caplog.records) >= 2
+    assert placement_group_table(pg)["state"] == "REMOVED"
+    assert ray.is_initialized()
