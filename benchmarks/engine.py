@@ -109,6 +109,81 @@ def bench_generate(model_dir: Path, args: argparse.Namespace, prompts: list[list
     return seconds, gap
 
 
+class StepTimeline:
+    """Wraps the engine's `Scheduler.step` to record each step of one pass: when it ran, how long it took,
+    the rows it decoded and the requests it admitted; `summary()` splits the pass's time into ramp (until
+    the last request is admitted), full-batch steps, tail (after the first row finishes) and gaps between
+    steps (the engine thread's command handling and waits)."""
+
+    def __init__(self, scheduler) -> None:
+        self.scheduler, self.inner, self.steps = scheduler, scheduler.step, []
+        self.recording = False
+        scheduler.step = self.step
+        self.spent = {"prefill_s": 0.0, "capture_s": 0.0}  # inside the recorded steps
+        runner = scheduler.runner
+        runner.prefill = self._timed(runner.prefill, "prefill_s", runner.device)
+        if runner.graphs is not None:
+            runner.graphs._capture = self._timed(runner.graphs._capture, "capture_s", runner.device)
+
+    def _timed(self, fn, key: str, device: torch.device):
+        def wrapper(*a, **kw):
+            if not self.recording:
+                return fn(*a, **kw)
+            sync(device.type)
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            sync(device.type)
+            self.spent[key] += time.perf_counter() - t0
+            return out
+
+        return wrapper
+
+    def step(self) -> int:
+        s = self.scheduler
+        if not self.recording:
+            return self.inner()
+        waiting, graphs = s.num_waiting(), self._graphs()
+        t0 = time.perf_counter()
+        n = self.inner()
+        t1 = time.perf_counter()
+        admitted = waiting - s.num_waiting()
+        self.steps.append((t0, t1, len(s.running), admitted, self._graphs() - graphs))
+        return n
+
+    def _graphs(self) -> int:
+        graphs = getattr(self.scheduler.runner, "graphs", None)
+        return len(graphs.graphs) if graphs is not None else 0
+
+    def summary(self, t_start: float, t_end: float) -> dict:
+        st = self.steps
+        if not st:
+            return {}
+        last_admit = max((i for i, x in enumerate(st) if x[3] > 0), default=0)
+        full = max(x[2] for x in st)
+        first_drop = next((i for i, x in enumerate(st) if i > last_admit and x[2] < full), len(st))
+        busy = sum(x[1] - x[0] for x in st)
+        mid = sorted(x[1] - x[0] for x in st[last_admit + 1 : first_drop]) or [0.0]
+        return {
+            "steps": len(st),
+            "before_first_step_s": round(st[0][0] - t_start, 4),
+            "ramp_s": round(st[last_admit][1] - st[0][0], 4),
+            "ramp_steps": last_admit + 1,
+            "admitting_steps": sum(1 for x in st if x[3] > 0),
+            "full_steps": first_drop - last_admit - 1,
+            "full_step_ms_median": round(1e3 * mid[len(mid) // 2], 3),
+            "full_s": round(sum(x[1] - x[0] for x in st[last_admit + 1 : first_drop]), 4),
+            "tail_s": round(st[-1][1] - st[first_drop][0], 4) if first_drop < len(st) else 0.0,
+            "gaps_s": round((st[-1][1] - st[0][0]) - busy, 4),
+            "after_last_step_s": round(t_end - st[-1][1], 4),
+            "graphs_captured": sum(x[4] for x in st),
+            **{k: round(v, 4) for k, v in self.spent.items()},
+            "slowest_steps": [  # (index, ms, rows after, requests admitted, graphs captured)
+                (i, round(1e3 * (x[1] - x[0]), 1), *x[2:])
+                for i, x in sorted(enumerate(st), key=lambda e: e[1][0] - e[1][1])[:6]
+            ],
+        }
+
+
 def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[int]], lengths: list[int]):
     engine = EmbeddedEngine(
         str(model_dir),
@@ -117,14 +192,18 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         max_running=len(prompts),
         seed=0,
         cuda_graphs=not args.no_cuda_graphs,
+        overlap=False if args.no_overlap else None,
     ).start()
     params = {"temperature": 1.0, "ignore_eos": True}
+    timeline = StepTimeline(engine.scheduler) if args.timeline else None
     try:
         engine.generate(prompts[0], {**params, "max_new_tokens": 4})  # warm-up
         futures = [engine.submit(p, {**params, "max_new_tokens": 2}) for p in prompts]
         [f.result() for f in futures]  # warm-up at full batch (CUDA graphs, allocator)
         for timed in (False, True):  # the workload once untimed (as generate gets it), then timed
             sync(args.device)
+            if timeline is not None:
+                timeline.recording = timed
             t0 = time.perf_counter()
             futures = [
                 engine.submit(p, {**params, "max_new_tokens": n})
@@ -135,6 +214,8 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
             seconds = time.perf_counter() - t0
             if not timed:
                 logger.debug("engine warm-up pass: %.3f s", seconds)
+            elif timeline is not None:
+                logger.info("engine timeline: %s", json.dumps(timeline.summary(t0, t0 + seconds)))
     finally:
         engine.shutdown()
     assert [len(o.output_ids) for o in outs] == lengths, "the engine stopped a request early"
@@ -209,6 +290,8 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true", help="Measure the engine only.")
     ap.add_argument("--profile", action="store_true", help="Time and profile full-batch decode steps only.")
     ap.add_argument("--repeats", type=int, default=5, help="Runs of each side, alternating; medians count.")
+    ap.add_argument("--timeline", action="store_true", help="Log where the engine's timed pass spends time.")
+    ap.add_argument("--no-overlap", action="store_true", help="Read each decode step back before the next.")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="Run the engine's decode steps eagerly.")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -73,7 +73,10 @@ class EmbeddedEngine:
         weight_version: str = "0",
         attn_implementation: str | None = "sdpa",
         cuda_graphs: bool = True,
+        overlap: bool | None = None,
     ) -> None:
+        """`overlap`: launch each decode step before the host reads the last one back (`scheduler.py`;
+        None: on CUDA, where it hides the host's per-step work behind the GPU's)."""
         if threads:
             torch.set_num_threads(threads)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,8 +97,9 @@ class EmbeddedEngine:
             max_total_tokens=max_total_tokens,
             max_prefill_tokens=max_prefill_tokens,
             seed=seed if seed is not None else secrets.randbits(62),  # the stream of unseeded requests
+            overlap=overlap,
         )
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future, bool]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -140,8 +144,10 @@ class EmbeddedEngine:
         while not self._stopping:
             self._wake.clear()
             while not self._commands.empty():
-                fn, fut = self._commands.get()
+                fn, fut, drain = self._commands.get()
                 try:
+                    if drain:  # the command sees no step in flight (see `Scheduler.drain`)
+                        self.scheduler.drain()
                     fut.set_result(fn())
                 except BaseException as e:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(e)
@@ -166,12 +172,13 @@ class EmbeddedEngine:
         while not self._commands.empty():
             self._commands.get()[1].set_exception(gone)
 
-    def _post(self, fn: Callable[[], Any]) -> Future:
-        """Queue `fn` to run on the engine thread between two steps; the future holds its result."""
+    def _post(self, fn: Callable[[], Any], drain: bool = True) -> Future:
+        """Queue `fn` to run on the engine thread between two steps, once no decode step is in flight
+        (`drain=False`: also while one is); the future holds its result."""
         if not self.is_alive():
             raise RuntimeError("the engine is not running (start() it, or it was shut down)")
         fut: Future = Future()
-        self._commands.put((fn, fut))
+        self._commands.put((fn, fut, drain))
         self._wake.set()
         return fut
 
@@ -215,7 +222,7 @@ class EmbeddedEngine:
                 s.finish = {"type": "length", "length": 0}
             group.resolve(self.weight_version)
             return group.future
-        self._post(lambda: self.scheduler.add(group))  # does not wait for the current step
+        self._post(lambda: self.scheduler.add(group), drain=False)  # does not wait for the current step
         return group.future
 
     def generate(

@@ -6,8 +6,8 @@ batch lives in slot b, and token t of a sequence (prompt and output alike) at co
 * a decode step writes one column per row in place (`index_put_` at each row's position) and attends
   over the view `[:B, :, :L]` (no copy, no concatenation);
 * a prefill writes each prompt straight into its slot;
-* a sequence that leaves the batch is replaced by the last row (`move`: one row copied, the batch stays
-  dense in slots 0..B-1);
+* sequences that leave the batch are replaced by running rows from its end (`move`: the rows copied in
+  one batched copy per buffer, the batch stays dense in slots 0..B-1);
 * n samples of one prompt share its prefill by copying the slot (`copy`).
 
 The buffers grow (doubling, with one copy) when the batch needs more slots or columns than allocated,
@@ -89,7 +89,13 @@ class SlotKVCache:
             n = len(dsts)
             buf[idx, :, :length] = buf[src, :, :length].unsqueeze(0).expand(n, -1, -1, -1)
 
-    def move(self, src: int, dst: int, length: int) -> None:
+    def move(self, srcs: list[int], dsts: list[int], length: int) -> None:
+        """Copy the first `length` columns of slot srcs[i] into slot dsts[i], all rows at once (one
+        gather and one scatter per buffer; the two lists must not share a slot)."""
+        if not srcs:
+            return
+        src = torch.tensor(srcs, device=self.device)
+        dst = torch.tensor(dsts, device=self.device)
         for buf in (*self.keys, *self.values):
             buf[dst, :, :length] = buf[src, :, :length]
 

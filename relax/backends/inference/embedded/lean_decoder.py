@@ -133,12 +133,17 @@ class LeanDecoder:
         return cos, torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], dim=-1)
 
     def __call__(self, ids_NT: Tensor, mask: Tensor, pos_NT: Tensor, cache: Any) -> Tensor:
-        """Hidden states [N, T, hidden] after the final norm; `mask` is additive [N, 1, T, K]."""
+        """Hidden states [N, T, hidden] after the final norm; `mask` is additive [N, 1, T, K], or None for
+        a prefill of right-padded prompts: plain causal attention is then exact on every real token (its
+        keys all precede it; padding only ever follows), lets SDPA use the flash kernel (an explicit mask
+        with grouped-query heads fell back to the math kernel, half of a prefill's GPU time), and the
+        padding's outputs and cache columns are never read (a decode step writes a column before any row
+        attends to it)."""
         N, T = ids_NT.shape
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
         h = F.embedding(ids_NT, self.body.embed_tokens.weight)
         H = h.shape[-1]
-        cos, sin_signed = self._cos_sin(h, pos_NT, mask.shape[-1])  # [N, T, 1, D]
+        cos, sin_signed = self._cos_sin(h, pos_NT, T if mask is None else mask.shape[-1])  # [N, T, 1, D]
         qkv_split = [(Hq + Hk) * D, Hk * D]
         for i, w in enumerate(self.layers):
             x = _rms(h, w["ln1"], self.eps)
@@ -150,16 +155,17 @@ class LeanDecoder:
             qk = _rotary(qk, cos, sin_signed)  # [N, T, Hq + Hk, D], contiguous
             q, k = qk.split([Hq, Hk], dim=2)
             k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), i)  # [N, Hk, K, D]
-            if T == 1:  # group the query heads under their kv head: [N, Hk, rep, D] (a view)
+            if mask is not None and T == 1:  # decode: query heads grouped under their kv head (a view)
                 o = _attend_one(q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, mask, w["scaling"])
                 o = o.reshape(N * T, Hq * D)
-            else:
+            else:  # a prefill of right-padded prompts: causal (see `__call__`)
                 o = (
                     F.scaled_dot_product_attention(
                         q.transpose(1, 2),
                         k_all,
                         v_all,
                         attn_mask=mask,
+                        is_causal=mask is None,
                         scale=w["scaling"],
                         enable_gqa=Hq != Hk,
                     )

@@ -142,7 +142,7 @@ class ModelRunner:
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         return sdpa_kernel(SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    def _hidden(self, ids: Tensor, mask: Tensor, pos: Tensor, cache: SlotKVCache) -> Tensor:
+    def _hidden(self, ids: Tensor, mask: Tensor | None, pos: Tensor, cache: SlotKVCache) -> Tensor:
         with self._attention_kernels():
             if self.lean is not None:
                 return self.lean(ids, mask, pos, cache)
@@ -165,10 +165,13 @@ class ModelRunner:
             ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
         lens_U = torch.tensor([len(p) for p in prompts], device=self.device)
         col_T = torch.arange(T, device=self.device)
-        allowed = (col_T[None, :] <= col_T[:, None])[None] & (col_T[None, None, :] < lens_U[:, None, None])
+        mask = None  # the lean decoder: causal (see `LeanDecoder.__call__`)
+        if self.lean is None:
+            causal_TT = col_T[None, :] <= col_T[:, None]
+            mask = self._mask(causal_TT[None] & (col_T[None, None, :] < lens_U[:, None, None]))
         pos = col_T.unsqueeze(0).expand(len(prompts), T)
         rows = torch.tensor(slots, device=self.device)
-        h = self._hidden(ids.to(self.device), self._mask(allowed), pos, self.cache.for_prefill(rows))
+        h = self._hidden(ids.to(self.device), mask, pos, self.cache.for_prefill(rows))
         last_UH = h[torch.arange(len(prompts), device=self.device), lens_U - 1]
         return self._logits(last_UH)
 

@@ -4,12 +4,21 @@ Each `step()` first admits waiting requests (one right-padded prefill for all of
 into their cache slots; the n samples of a prompt share its prefill, the slot copied n - 1 times; each
 samples its first token from the prefill's logits), then runs one batched decode step over every running
 sequence. Running sequence b lives in cache slot b (see `kv_cache.py`); a sequence that finishes leaves
-the batch at once and the last row moves into its slot, so the batch stays dense and nothing is copied
-per step.
+the batch at once and a running row from the end of the batch moves into its slot (all the moves of a
+step in one batched copy per cache buffer), so the batch stays dense and nothing is copied per step.
 
 Between two changes of the batch, a step's inputs are carried over from the last one (the sampled tokens
 stay a tensor, positions advance by one) and its sampling parameters stay tensors (`BatchSampler`), so a
 decode step does little Python work per row: appending each row's token and checking its finish rules.
+
+On CUDA the decode steps overlap the host's work (`overlap`): step k + 1 is launched from step k's sampled
+tokens, still on the device, before the host reads step k's tokens, appends them and checks the finish
+rules, so the GPU does not wait for that Python work (about 0.5 ms a step at 256 rows). A row that
+finished at step k has then been decoded once more: that token is dropped, and its cache column lies in
+a freed slot. The in-flight step's rows stay in its launch order (`InflightStep.seqs`); when rows leave,
+the next step's inputs are gathered from its tokens in the new order. Admission, and every command that
+changes weights, the cache or the batch (`drain`), first wait for the step in flight. On the CPU a step
+computes as it is called, so there is nothing to overlap and steps run one at a time.
 
 Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
 prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
@@ -52,6 +61,23 @@ class DecodeBatch:
     sampler: BatchSampler  # the rows' sampling parameters
 
 
+@dataclass
+class InflightStep:
+    """A decode step launched but not yet read back: its rows in launch order and their sampled tokens
+    (on the device), copied to `host` behind `event`."""
+
+    seqs: list[Sequence]
+    tokens_B: Tensor
+    host: Tensor  # [2, B] float64: token ids, log-probs
+    event: torch.cuda.Event | None
+
+    def read(self) -> tuple[list[int], list[float]]:
+        if self.event is not None:
+            self.event.synchronize()
+        tokens, logprobs = self.host.tolist()
+        return [int(t) for t in tokens], logprobs
+
+
 class Scheduler:
     def __init__(
         self,
@@ -61,7 +87,9 @@ class Scheduler:
         max_total_tokens: int,
         max_prefill_tokens: int,
         seed: int = 0,
+        overlap: bool | None = None,
     ):
+        """`overlap`: launch each decode step before reading the last one back (None: on CUDA)."""
         self.runner = runner
         self.max_running = max_running
         self.max_total_tokens = max_total_tokens
@@ -74,13 +102,15 @@ class Scheduler:
         self.reserved = 0  # tokens reserved by the running sequences
         self.generator = make_generator(seed, runner.device)  # noise of the unseeded requests
         self.batch: DecodeBatch | None = None  # inputs of the next decode step; None: build them anew
+        self.overlap = runner.device.type == "cuda" if overlap is None else overlap
+        self.inflight: InflightStep | None = None  # the step launched and not yet read back (overlap)
 
     # -- queue ----------------------------------------------------------------------------------
     def add(self, group: RequestGroup) -> None:
         self.waiting.append(list(group.seqs))
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.inflight)
 
     def num_waiting(self) -> int:
         return sum(len(u) for u in self.waiting)
@@ -94,32 +124,63 @@ class Scheduler:
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> int:
-        """Admit, then decode once; returns how many tokens were generated."""
-        generated = self._admit()
-        if self.running:
-            generated += self._decode()
+        """Admit, then decode once; returns how many tokens were generated (read back, with `overlap`:
+        the tokens of the step before)."""
+        generated = 0
+        if self.waiting and self._admissible():
+            generated += self.drain()
+            generated += self._admit()
+        if not self.overlap:
+            return generated + (self._decode() if self.running else 0)
+        prev = self.inflight
+        if self.running and not (prev is not None and all(s.ends_by_length_next() for s in prev.seqs)):
+            self.inflight = self._launch()
+        else:
+            self.inflight = None
+        if prev is not None:
+            generated += self._read_back(prev)
         return generated
 
-    def _take_units(self) -> list[list[Sequence]]:
+    def drain(self) -> int:
+        """Read back the step in flight, if any (before anything changes the batch, cache or weights)."""
+        prev, self.inflight = self.inflight, None
+        if prev is None:
+            return 0
+        self.batch = None  # its inputs were the in-flight step's tokens
+        return self._read_back(prev)
+
+    def _plan(self) -> tuple[list[list[Sequence]], int]:
+        """The prefill units to admit now and how many queue entries they use up (entries whose samples
+        have all finished, by an abort, are used up too); the queue is not touched."""
         units: list[list[Sequence]] = []
         rows = len(self.running)
         reserved = self.reserved
         longest = 0
-        while self.waiting:
-            unit = [s for s in self.waiting[0] if s.finish is None]
+        used = 0
+        for entry in self.waiting:
+            unit = [s for s in entry if s.finish is None]
             if not unit:
-                self.waiting.popleft()
+                used += 1
                 continue
             need = sum(self._reserve(s) for s in unit)
             length = max(longest, len(unit[0].prefill_ids()))
-            if units or self.running:
+            if units or self.running or self.inflight:  # else a lone request is always admitted
                 if rows + len(unit) > self.max_running or reserved + need > self.max_total_tokens:
                     break
                 if (len(units) + 1) * length > self.max_prefill_tokens:
                     break
-            self.waiting.popleft()
+            used += 1
             units.append(unit)
             rows, reserved, longest = rows + len(unit), reserved + need, length
+        return units, used
+
+    def _admissible(self) -> bool:
+        return bool(self._plan()[0])
+
+    def _take_units(self) -> list[list[Sequence]]:
+        units, used = self._plan()
+        for _ in range(used):
+            self.waiting.popleft()
         return units
 
     def _admit(self) -> int:
@@ -173,6 +234,52 @@ class Scheduler:
         self._drop_finished()  # a row that leaves clears self.batch
         return len(new_tokens)
 
+    def _launch(self) -> InflightStep:
+        """Launch one decode step of the running batch; its tokens become the next step's inputs."""
+        batch = self.batch if self.batch is not None else self._new_batch()
+        logits_BV = self.runner.decode(batch.tokens_B, batch.pos_B, batch.length, batch.delta_B)
+        tokens_B, logp_B = batch.sampler.sample(logits_BV, self.generator)
+        both = torch.stack([tokens_B.double(), logp_B.double()])
+        event = None
+        if both.device.type == "cuda":
+            host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+            host.copy_(both, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host = both.cpu()
+        batch.tokens_B, batch.pos_B, batch.length = tokens_B, batch.pos_B + 1, batch.length + 1
+        self.batch = batch
+        return InflightStep(list(self.running), tokens_B, host, event)
+
+    def _read_back(self, step: InflightStep) -> int:
+        """Append a launched step's tokens to its rows still running; drop the rows that finish."""
+        tokens, logprobs = step.read()
+        n = 0
+        for s, t, lp in zip(step.seqs, tokens, logprobs, strict=True):
+            if s.finish is None:
+                s.append(t, lp)
+                n += 1
+        self._drop_finished()
+        return n
+
+    def _regather(self, before: list[Sequence]) -> None:
+        """Rows left the batch while a step is in flight: the next step's inputs in the new row order,
+        gathered from the in-flight step's tokens (the host does not know them yet)."""
+        batch = self.batch
+        if batch is None or not self.running:
+            self.batch = None
+            return
+        where = {id(s): i for i, s in enumerate(before)}
+        idx = torch.tensor([where[id(s)] for s in self.running], device=batch.tokens_B.device)
+        self.batch = DecodeBatch(
+            batch.tokens_B.index_select(0, idx),
+            batch.pos_B.index_select(0, idx),
+            batch.length,
+            None if batch.delta_B is None else batch.delta_B.index_select(0, idx),
+            BatchSampler([s.row for s in self.running], self.runner.device),
+        )
+
     def _new_batch(self) -> DecodeBatch:
         running = self.running
         device = self.runner.device
@@ -187,22 +294,25 @@ class Scheduler:
 
     # -- leaving the batch ----------------------------------------------------------------------
     def _drop_finished(self) -> None:
-        """Remove finished rows, moving the last row into each freed slot (the batch stays dense)."""
-        finished = [s for s in self.running if s.finish is not None]
+        """Remove finished rows; running rows from the end of the batch move into the slots they free
+        (one batched cache copy), so the batch stays dense and no finished row is ever moved."""
+        rows = self.running
+        finished = [s for s in rows if s.finish is not None]
         if not finished:
             return
-        self.batch = None
-        rows = self.running
-        b = 0
-        while b < len(rows):
-            if rows[b].finish is None:
-                b += 1
-                continue
-            last = len(rows) - 1
-            if last != b:  # a finished row moved in is looked at again
-                self.cache.move(last, b, rows[last].num_tokens)
-                rows[b] = rows[last]
-            rows.pop()
+        before = list(rows)
+        keep = len(rows) - len(finished)
+        holes = [b for b in range(keep) if rows[b].finish is not None]
+        movers = [b for b in range(keep, len(rows)) if rows[b].finish is None]
+        if movers:
+            self.cache.move(movers, holes, max(rows[m].num_tokens for m in movers))
+        for hole, mover in zip(holes, movers, strict=True):
+            rows[hole] = rows[mover]
+        del rows[keep:]
+        if self.inflight is not None:
+            self._regather(before)
+        else:
+            self.batch = None
         for s in finished:
             self.reserved -= self._reserve(s)
         self._finalize(finished)
@@ -238,7 +348,7 @@ class Scheduler:
         n = len(self.running)
         for s in reversed(self.running):
             self.waiting.appendleft([s])
-        self.running, self.reserved, self.batch = [], 0, None
+        self.running, self.reserved, self.batch, self.inflight = [], 0, None, None
         self.cache.release()
         return n
 
@@ -249,4 +359,4 @@ class Scheduler:
             if not g.future.done():
                 g.future.set_exception(error)
         self.waiting.clear()
-        self.running, self.reserved, self.batch = [], 0, None
+        self.running, self.reserved, self.batch, self.inflight = [], 0, None, None

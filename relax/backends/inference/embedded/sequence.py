@@ -70,6 +70,11 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.group.prompt) + len(self.output_ids)
 
+    def ends_by_length_next(self) -> bool:
+        """Finished, or the next token finishes it by length whatever that token is."""
+        n = len(self.output_ids) + 1
+        return self.finish is not None or n >= self._max_new or n >= self._room
+
     def prefill_ids(self) -> list[int]:
         return self.group.prompt + self.output_ids[:-1]
 

@@ -1,0 +1,115 @@
+"""The overlapped decode loop (each step launched before the last is read back; on by default on CUDA)
+gives the same tokens as one step at a time. Forced on here on the CPU too, where the bookkeeping is the same:
+rows that finish while the next step is in flight, the batch re-gathered in its new order, admission and
+commands that wait for the step in flight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relax.backends.inference.embedded.engine import EmbeddedEngine
+
+PROMPTS = [[(7 * i + j) % 500 + 1 for j in range(3 + i % 5)] for i in range(10)]
+
+
+def _requests(stop_id: int) -> list[dict]:
+    """Seeded sampled and greedy rows, lengths that end at different steps, n > 1, a stop token."""
+    reqs = []
+    for i in range(len(PROMPTS)):
+        params = {"max_new_tokens": 2 + 3 * i, "ignore_eos": True}
+        if i % 3 == 0:
+            params |= {"temperature": 0.0}
+        else:
+            params |= {"temperature": 0.7 + 0.1 * i, "sampling_seed": 100 + i}
+        if i == 4:
+            params |= {"n": 3}
+        if i == 5:
+            params |= {"stop_token_ids": [stop_id], "temperature": 0.0, "max_new_tokens": 24}
+        reqs.append(params)
+    return reqs
+
+
+def _run(
+    engine: EmbeddedEngine, reqs: list[dict], waves: int = 2
+) -> list[list[tuple[list[int], list[float]]]]:
+    """Submit in `waves`, each once the last is running; returns each request's samples."""
+    futures = []
+    per_wave = -(-len(reqs) // waves)
+    for w in range(waves):
+        part = range(w * per_wave, min(len(reqs), (w + 1) * per_wave))
+        futures += [engine.submit(PROMPTS[i], reqs[i]) for i in part]
+        if w + 1 < waves:
+            engine.generate([3, 4], {"max_new_tokens": 2, "temperature": 0.0})  # a few steps pass
+    return [[(o.output_ids, o.output_logprobs) for o in f.result(timeout=60)] for f in futures]
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=CUDA)])
+def engines(tiny_model_dir, request):
+    kw = dict(device=request.param, dtype="float32", max_running=8, seed=0)
+    plain = EmbeddedEngine(str(tiny_model_dir), overlap=False, **kw).start()
+    overlap = EmbeddedEngine(str(tiny_model_dir), overlap=True, **kw).start()
+    assert overlap.scheduler.overlap and not plain.scheduler.overlap
+    yield plain, overlap
+    plain.shutdown()
+    overlap.shutdown()
+
+
+def test_overlapped_steps_give_the_same_tokens(engines):
+    plain, overlap = engines
+    greedy = plain.generate(PROMPTS[5], {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True})
+    stop_id = greedy[0].output_ids[6]  # the stop row ends mid-batch, at a step no length predicts
+    reqs = _requests(stop_id)
+    want = _run(plain, reqs)
+    got = _run(overlap, reqs)
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert [ids for ids, _ in g] == [ids for ids, _ in w], f"request {i}"
+        for (_, lw), (_, lg) in zip(w, g, strict=True):
+            assert lg == pytest.approx(lw, abs=1e-4), f"request {i}"
+    assert got[5][0][0][-1] == stop_id and len(got[5][0][0]) <= 7
+    assert [len(s[0]) for s in got[3]] == [reqs[3]["max_new_tokens"]]
+    assert overlap.scheduler.inflight is None and not overlap.scheduler.running  # nothing left behind
+
+
+def test_an_abort_while_a_step_is_in_flight_leaves_the_others_intact(engines):
+    plain, overlap = engines
+    params = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
+    seeded = [{**params, "sampling_seed": 7 + i} for i in range(4)]
+    want = [plain.generate(PROMPTS[i], seeded[i])[0].output_ids for i in range(4)]
+    overlap.step_sleep_s = 0.005  # the abort lands mid-run
+    try:
+        victim = overlap.submit(PROMPTS[9], {**params, "max_new_tokens": 400}, rid="victim")
+        futures = [overlap.submit(PROMPTS[i], seeded[i]) for i in range(4)]
+        while not overlap.scheduler.running:
+            pass
+        assert overlap.abort("victim") == 1
+        assert victim.result(timeout=60)[0].finish_reason["type"] == "abort"
+        assert [f.result(timeout=60)[0].output_ids for f in futures] == want
+    finally:
+        overlap.step_sleep_s = 0.0
+
+
+def test_pause_in_place_and_a_weight_update_see_no_step_in_flight(engines):
+    _, overlap = engines
+    params = {"max_new_tokens": 30, "temperature": 0.0, "ignore_eos": True}
+    overlap.step_sleep_s = 0.005
+    try:
+        fut = overlap.submit(PROMPTS[1], params)
+        while len(overlap.scheduler.running) == 0:
+            pass
+        overlap.pause("in_place")
+        assert overlap.scheduler.inflight is None
+        done = len(overlap.scheduler.running[0].output_ids)
+        version = overlap.weight_version
+        overlap.update_weights([], weight_version=f"{version}-next")
+        overlap.resume()
+        out = fut.result(timeout=60)[0]
+    finally:
+        overlap.step_sleep_s = 0.0
+    assert len(out.output_ids) == 30
+    # every token read back before the pause counts under the old version, none after it
+    assert out.weight_versions == [version, f"{version}-next"]
+    assert out.weight_version_starts == [0, done]
