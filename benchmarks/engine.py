@@ -194,6 +194,8 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         cuda_graphs=not args.no_cuda_graphs,
         overlap=False if args.no_overlap else None,
     ).start()
+    if args.sdpa_decode and engine.runner.lean is not None:
+        engine.runner.lean.triton_decode = False
     params = {"temperature": 1.0, "ignore_eos": True}
     timeline = StepTimeline(engine.scheduler) if args.timeline else None
     try:
@@ -237,6 +239,8 @@ def profile_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list
         seed=0,
         cuda_graphs=not args.no_cuda_graphs,
     ).start()
+    if args.sdpa_decode and engine.runner.lean is not None:
+        engine.runner.lean.triton_decode = False
     engine.pause()
     params = {"temperature": 1.0, "ignore_eos": True, "max_new_tokens": args.new_tokens}
     futures = [engine.submit(p, params) for p in prompts]
@@ -291,6 +295,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="Time and profile full-batch decode steps only.")
     ap.add_argument("--repeats", type=int, default=5, help="Runs of each side, alternating; medians count.")
     ap.add_argument("--timeline", action="store_true", help="Log where the engine's timed pass spends time.")
+    ap.add_argument(
+        "--sdpa-decode", action="store_true", help="Decode attention by SDPA, not the Triton kernel."
+    )
     ap.add_argument("--no-overlap", action="store_true", help="Read each decode step back before the next.")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="Run the engine's decode steps eagerly.")
     args = ap.parse_args()

@@ -117,6 +117,11 @@ class SlotKVCache:
         self._rows = rows_B
         return self
 
+    def decode_buffers(self, layer_idx: int) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+        """For a decode step that writes the cache itself (`rope_store`): the layer's key and value
+        buffers, the slot and column each row writes, and the columns attended."""
+        return self.keys[layer_idx], self.values[layer_idx], self._rows, self._pos_B, self._length
+
     def update(
         self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: object, **kwargs: object
     ) -> tuple[Tensor, Tensor]:

@@ -10,6 +10,11 @@ weights are copies: `refresh()` rebuilds them after the model's weights change (
 For one query token the query heads are grouped under their key/value head ([N, H_kv, rep, D]), so
 grouped-query attention needs no repeated keys. Other architectures use the `transformers` forward.
 
+On CUDA in bf16 / fp16 (`triton_decode`, set where Triton runs; False falls back to the torch ops), a decode
+step's rotary embedding and cache write are one Triton kernel (`rope_store.py`) and its attention another
+(`decode_attention.py`, by per-row lengths, so the step needs no mask): on an H200 at 256 rows the step fell
+from 2.75 to about 2.0 ms.
+
 On the CPU, where a small step's time is mostly per-op overhead, the rotary cos / sin come from a table of
 the model's own rotary embedding over positions 0..P-1 (grown by doubling; one lookup instead of about
 a dozen ops per step). Not for dynamic rotary types, whose frequencies depend on the sequence length, nor
@@ -24,6 +29,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from relax.backends.inference.embedded import decode_attention
+from relax.backends.inference.embedded.rope_store import rope_store
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +84,10 @@ class LeanDecoder:
         rope_type = getattr(self.body.rotary_emb, "rope_type", "default")
         self._rope_static = isinstance(rope_type, str) and not any(t in rope_type for t in DYNAMIC_ROPE)
         self._rope_table: Tensor | None = None  # [P, 2, D]: cos and sin_signed at positions 0..P-1
+        # decode attention: the Triton kernel where it runs (`decode_attention.py`), else SDPA with a mask
+        self.triton_decode = decode_attention.available(
+            self.body.embed_tokens.weight.device, self.body.embed_tokens.weight.dtype, self.head_dim
+        )
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -132,8 +144,12 @@ class LeanDecoder:
         cos, sin = self.body.rotary_emb(h, pos_NT)
         return cos, torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], dim=-1)
 
-    def __call__(self, ids_NT: Tensor, mask: Tensor, pos_NT: Tensor, cache: Any) -> Tensor:
-        """Hidden states [N, T, hidden] after the final norm; `mask` is additive [N, 1, T, K], or None for
+    def __call__(
+        self, ids_NT: Tensor, mask: Tensor | None, pos_NT: Tensor, cache: Any, lengths_N: Tensor | None = None
+    ) -> Tensor:
+        """Hidden states [N, T, hidden] after the final norm. A decode step (T = 1) attends over each row's
+        first `lengths_N` cache columns with the Triton kernel when `triton_decode`, else with the additive
+        mask [N, 1, 1, K]. `mask` is None for
         a prefill of right-padded prompts: plain causal attention is then exact on every real token (its
         keys all precede it; padding only ever follows), lets SDPA use the flash kernel (an explicit mask
         with grouped-query heads fell back to the math kernel, half of a prefill's GPU time), and the
@@ -142,7 +158,6 @@ class LeanDecoder:
         N, T = ids_NT.shape
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
         h = F.embedding(ids_NT, self.body.embed_tokens.weight)
-        H = h.shape[-1]
         cos, sin_signed = self._cos_sin(h, pos_NT, T if mask is None else mask.shape[-1])  # [N, T, 1, D]
         qkv_split = [(Hq + Hk) * D, Hk * D]
         for i, w in enumerate(self.layers):
@@ -152,33 +167,76 @@ class LeanDecoder:
             v = v.unflatten(-1, (Hk, D))
             if w["qk_norm"] is not None:
                 qk = _rms(qk, None, self.eps) * w["qk_norm"]
-            qk = _rotary(qk, cos, sin_signed)  # [N, T, Hq + Hk, D], contiguous
-            q, k = qk.split([Hq, Hk], dim=2)
-            k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), i)  # [N, Hk, K, D]
-            if mask is not None and T == 1:  # decode: query heads grouped under their kv head (a view)
-                o = _attend_one(q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, mask, w["scaling"])
-                o = o.reshape(N * T, Hq * D)
-            else:  # a prefill of right-padded prompts: causal (see `__call__`)
-                o = (
-                    F.scaled_dot_product_attention(
-                        q.transpose(1, 2),
-                        k_all,
-                        v_all,
-                        attn_mask=mask,
-                        is_causal=mask is None,
-                        scale=w["scaling"],
-                        enable_gqa=Hq != Hk,
-                    )
-                    .transpose(1, 2)
-                    .reshape(N * T, Hq * D)
-                )
-            h = h.view(N * T, H)
-            if w["o_b"] is None:
-                h.addmm_(o, w["o_w"].t())  # the residual add is the GEMM's accumulate
+            if T == 1 and lengths_N is not None:
+                o = self._triton_decode_attention(qk[:, 0], v[:, 0], cos, sin_signed, cache, i, lengths_N)
             else:
-                h = h + F.linear(o, w["o_w"], w["o_b"])
-            x = _rms(h, w["ln2"], self.eps)
-            gate, up = F.linear(x, w["gate_up_w"]).chunk(2, dim=-1)
-            h.addmm_(F.silu(gate).mul_(up), w["down_w"].t())
-            h = h.view(N, T, H)
+                o = self._torch_attention(qk, v, cos, sin_signed, mask, cache, i)
+            h = self._mlp_block(h, o, w)
         return _rms(h, self.body.norm.weight, self.eps)
+
+    def _torch_attention(
+        self,
+        qk: Tensor,
+        v: Tensor,
+        cos: Tensor,
+        sin_signed: Tensor,
+        mask: Tensor | None,
+        cache: Any,
+        layer: int,
+    ) -> Tensor:
+        """Rotary embedding, cache write and attention in torch ops. qk [N, T, Hq + Hk, D], v [N, T, Hk, D];
+        returns [N * T, Hq * D]."""
+        N, T = qk.shape[:2]
+        Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
+        scale = self.layers[layer]["scaling"]
+        qk = _rotary(qk, cos, sin_signed)  # [N, T, Hq + Hk, D], contiguous
+        q, k = qk.split([Hq, Hk], dim=2)
+        k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), layer)  # [N, Hk, K, D]
+        if T == 1 and mask is not None:  # decode: query heads grouped under their kv head (a view)
+            return _attend_one(q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, mask, scale).reshape(N, Hq * D)
+        # a prefill of right-padded prompts: causal when there is no mask (see `__call__`)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k_all,
+            v_all,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=Hq != Hk,
+        )
+        return o.transpose(1, 2).reshape(N * T, Hq * D)
+
+    def _triton_decode_attention(
+        self,
+        qk: Tensor,
+        v: Tensor,
+        cos: Tensor,
+        sin_signed: Tensor,
+        cache: Any,
+        layer: int,
+        lengths_N: Tensor,
+    ) -> Tensor:
+        """A decode step's attention in two Triton kernels: rotary embedding with the cache write, then
+        attention over each row's `lengths_N` columns. qk [N, Hq + Hk, D], v [N, Hk, D]; returns
+        [N, Hq * D]."""
+        N, Hq, Hk, D = qk.shape[0], self.heads, self.kv_heads, self.head_dim
+        k_buf, v_buf, rows_N, col_N, L = cache.decode_buffers(layer)
+        q = rope_store(qk, v, cos[:, 0, 0], sin_signed[:, 0, 0], k_buf, v_buf, rows_N, col_N)
+        q_g = q.view(N, Hk, Hq // Hk, D)  # query heads grouped under their kv head
+        scale = self.layers[layer]["scaling"]
+        o = decode_attention.decode_attention(q_g, k_buf[:N, :, :L], v_buf[:N, :, :L], lengths_N, scale)
+        return o.reshape(N, Hq * D)
+
+    def _mlp_block(self, h: Tensor, o: Tensor, w: dict[str, Any]) -> Tensor:
+        """The rest of a layer after attention: output projection into the residual, RMSNorm, gated MLP
+        into the residual. h [N, T, H], o [N * T, Hq * D]."""
+        N, T, H = h.shape
+        h = h.view(N * T, H)
+        if w["o_b"] is None:
+            h.addmm_(o, w["o_w"].t())  # the residual add is the GEMM's accumulate
+        else:
+            h = h + F.linear(o, w["o_w"], w["o_b"])
+        x = _rms(h, w["ln2"], self.eps)
+        gate, up = F.linear(x, w["gate_up_w"]).chunk(2, dim=-1)
+        h.addmm_(F.silu(gate).mul_(up), w["down_w"].t())
+        return h.view(N, T, H)

@@ -142,10 +142,12 @@ class ModelRunner:
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         return sdpa_kernel(SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    def _hidden(self, ids: Tensor, mask: Tensor | None, pos: Tensor, cache: SlotKVCache) -> Tensor:
+    def _hidden(
+        self, ids: Tensor, mask: Tensor | None, pos: Tensor, cache: SlotKVCache, lengths: Tensor | None = None
+    ) -> Tensor:
         with self._attention_kernels():
             if self.lean is not None:
-                return self.lean(ids, mask, pos, cache)
+                return self.lean(ids, mask, pos, cache, lengths)
             out = self.decoder(
                 input_ids=ids,
                 attention_mask=mask,
@@ -245,11 +247,14 @@ class ModelRunner:
         rope_delta_B: Tensor | None = None,
     ) -> Tensor:
         """`decode` of cache rows `rows_B` (None: 0..B-1), eagerly; what the CUDA graphs capture."""
-        col_L = torch.arange(length, device=self.device)
-        allowed = (col_L.unsqueeze(0) <= pos_B.unsqueeze(1)).unsqueeze(1)  # [B, 1, L]
         cache = self.cache.for_decode(pos_B, length, rows_B)
         rope_B = pos_B if rope_delta_B is None else pos_B + rope_delta_B
-        h = self._hidden(tokens_B.unsqueeze(1), self._mask(allowed), rope_B.unsqueeze(1), cache)
+        if self.lean is not None and self.lean.triton_decode:  # attends by length, needs no mask
+            mask, lengths_B = None, pos_B + 1
+        else:
+            col_L = torch.arange(length, device=self.device)
+            mask, lengths_B = self._mask((col_L.unsqueeze(0) <= pos_B.unsqueeze(1)).unsqueeze(1)), None
+        h = self._hidden(tokens_B.unsqueeze(1), mask, rope_B.unsqueeze(1), cache, lengths_B)
         return self._logits(h[:, 0])
 
     def _logits(self, h: Tensor) -> Tensor:
