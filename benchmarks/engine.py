@@ -17,6 +17,7 @@ another does. The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import random
@@ -119,11 +120,22 @@ class StepTimeline:
         self.scheduler, self.inner, self.steps = scheduler, scheduler.step, []
         self.recording = False
         scheduler.step = self.step
-        self.spent = {"prefill_s": 0.0, "capture_s": 0.0}  # inside the recorded steps
+        self.spent = {"prefill_s": 0.0, "capture_s": 0.0, "gc_s": 0.0}  # gc: the whole pass, any thread
+        self._gc_started = 0.0
+        gc.callbacks.append(self._gc)
         runner = scheduler.runner
         runner.prefill = self._timed(runner.prefill, "prefill_s", runner.device)
         if runner.graphs is not None:
             runner.graphs._capture = self._timed(runner.graphs._capture, "capture_s", runner.device)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self.recording:
+            self.spent["gc_s"] += time.perf_counter() - self._gc_started
 
     def _timed(self, fn, key: str, device: torch.device):
         def wrapper(*a, **kw):
@@ -220,6 +232,8 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
                 logger.info("engine timeline: %s", json.dumps(timeline.summary(t0, t0 + seconds)))
     finally:
         engine.shutdown()
+        if timeline is not None:
+            timeline.close()
     assert [len(o.output_ids) for o in outs] == lengths, "the engine stopped a request early"
     args.engine_outs = outs
     return seconds

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from relax.backends.inference.embedded import decode_attention as da
 from relax.backends.inference.embedded.lean_decoder import _rotary
-from relax.backends.inference.embedded.rope_store import rope_store
+from relax.backends.inference.embedded.rope_store import rope_store, silu_mul
 
 CAN_RUN = torch.cuda.is_available() and da.available(torch.device("cuda"), torch.bfloat16, 64)
 pytestmark = pytest.mark.skipif(not CAN_RUN, reason="needs CUDA and Triton")
@@ -109,6 +109,15 @@ def test_rope_store_rotates_and_writes_the_cache(dtype):
     written = torch.zeros(S, C, dtype=torch.bool, device="cuda")
     written[rows, pos] = True
     assert not k_buf.transpose(1, 2)[~written].any() and not v_buf.transpose(1, 2)[~written].any()
+
+
+@pytest.mark.parametrize("N,inner", [(256, 4864), (3, 100), (1, 2048)])
+def test_silu_mul(N, inner):
+    gen = torch.Generator(device="cuda").manual_seed(N)
+    gate_up = torch.randn(N, 2 * inner + 16, generator=gen, device="cuda").to(torch.bfloat16)[:, : 2 * inner]
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    torch.testing.assert_close(silu_mul(gate_up).float(), want, atol=2e-2, rtol=1e-2)
 
 
 def test_engine_decode_step_agrees_with_torch_ops(tiny_model_dir):

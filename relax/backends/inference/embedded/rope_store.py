@@ -1,4 +1,5 @@
-"""One Triton kernel for a decode step's rotary embedding and cache write, per layer, on CUDA.
+"""One Triton kernel for a decode step's rotary embedding and cache write, per layer, on CUDA (and one for
+the MLP's silu(gate) * up).
 
 In torch the rotary embedding of q and k is three kernels (the half swap, x * cos, the fused multiply-add)
 and the cache write two more (keys and values, `index_put_`), each a few microseconds at decode sizes:
@@ -78,3 +79,33 @@ def rope_store(
         Hq, D=D, num_warps=1,
     )  # fmt: skip
     return q_out
+
+
+@functools.cache
+def _silu_mul_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def silu_mul(X, Y, inner, s_x, BLOCK: tl.constexpr):
+        n = tl.program_id(0)
+        i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        keep = i < inner
+        gate = tl.load(X + n * s_x + i, mask=keep, other=0.0).to(tl.float32)
+        up = tl.load(X + n * s_x + inner + i, mask=keep, other=0.0).to(tl.float32)
+        tl.store(Y + n * inner + i, (gate * tl.sigmoid(gate) * up).to(Y.dtype.element_ty), mask=keep)
+
+    return silu_mul
+
+
+def silu_mul(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up for gate_up = [gate | up] ([N, 2I], last dimension contiguous) in one pass; [N, I].
+    In torch it is two kernels and an intermediate (`F.silu(gate).mul_(up)`)."""
+    N, two_i = gate_up.shape
+    inner = two_i // 2
+    out = torch.empty(N, inner, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel()[(N, -(-inner // block))](
+        gate_up, out, inner, gate_up.stride(0), BLOCK=block, num_warps=4
+    )
+    return out
