@@ -113,3 +113,42 @@ def test_pause_in_place_and_a_weight_update_see_no_step_in_flight(engines):
     # every token read back before the pause counts under the old version, none after it
     assert out.weight_versions == [version, f"{version}-next"]
     assert out.weight_version_starts == [0, done]
+
+
+def _prefill_sizes(engine: EmbeddedEngine) -> list[int]:
+    sizes: list[int] = []
+    inner = engine.runner.prefill
+
+    def prefill(prompts, slots):
+        sizes.append(len(prompts))
+        return inner(prompts, slots)
+
+    engine.runner.prefill = prefill
+    return sizes
+
+
+def test_an_idle_engine_prefills_a_burst_together(tiny_model_dir):
+    import time
+
+    engine = EmbeddedEngine(str(tiny_model_dir), device="cpu", dtype="float32", max_running=32, seed=0)
+    engine.burst_gap_s, engine.burst_max_s = 0.05, 5.0  # generous: a loaded machine may stall a thread
+    sizes = _prefill_sizes(engine)
+    engine.start()
+    try:
+        params = {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True}
+        futures = []
+        for i in range(10):  # a request every 5 ms: one burst
+            futures.append(engine.submit(PROMPTS[i], params))
+            time.sleep(0.005)
+        [f.result(timeout=60) for f in futures]
+        assert sizes == [10]
+        engine.burst_max_s = 0.03  # the wait is bounded: a longer trickle is taken in parts
+        sizes.clear()
+        futures = []
+        for i in range(10):
+            futures.append(engine.submit(PROMPTS[i], params))
+            time.sleep(0.01)
+        [f.result(timeout=60) for f in futures]
+        assert len(sizes) > 1 and sum(sizes) == 10
+    finally:
+        engine.shutdown()

@@ -106,6 +106,7 @@ class EmbeddedEngine:
         self._stopping = False
         self.paused = False
         self.step_sleep_s = 0.0  # extra sleep after every step (`/slow_down`, for tests and debugging)
+        self.burst_gap_s, self.burst_max_s = 0.001, 0.02  # see `_gather_burst`; 0 turns it off
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._totals = {"generated": 0, "prompt": 0, "requests": 0}
         self._groups: dict[str, Any] = {}  # weight-sync groups by name
@@ -147,20 +148,38 @@ class EmbeddedEngine:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _run_commands(self) -> None:
+        while not self._commands.empty():
+            fn, fut, drain = self._commands.get()
+            try:
+                if drain:  # the command sees no step in flight (see `Scheduler.drain`)
+                    self.scheduler.drain()
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+
+    def _gather_burst(self) -> None:
+        """An idle engine that was just sent requests waits until they stop coming (`burst_gap_s` without
+        one, `burst_max_s` at most) before its first step. A rollout sends a whole batch at once; taken as
+        it trickles in, the first requests would be prefilled alone and decoded in small batches while
+        the rest queue behind them, and the batch sizes would differ from one rollout to the next (new
+        CUDA graphs to capture). Costs an idle engine at most `burst_max_s` of first-token latency."""
+        deadline = time.monotonic() + self.burst_max_s
+        while time.monotonic() < deadline:
+            time.sleep(self.burst_gap_s)
+            if self._commands.empty():
+                return
+            self._run_commands()
+
     def _loop(self) -> None:
         while not self._stopping:
             self._wake.clear()
-            while not self._commands.empty():
-                fn, fut, drain = self._commands.get()
-                try:
-                    if drain:  # the command sees no step in flight (see `Scheduler.drain`)
-                        self.scheduler.drain()
-                    fut.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - handed to the caller
-                    fut.set_exception(e)
+            self._run_commands()
             if self.paused or not self.scheduler.has_work():
                 self._wake.wait(timeout=1.0)
                 continue
+            if self.burst_gap_s > 0 and self.scheduler.idle():
+                self._gather_burst()
             try:
                 n = self.scheduler.step()
             except Exception as e:  # noqa: BLE001 - fail the requests, keep serving

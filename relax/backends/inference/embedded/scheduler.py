@@ -109,6 +109,10 @@ class Scheduler:
     def add(self, group: RequestGroup) -> None:
         self.waiting.append(list(group.seqs))
 
+    def idle(self) -> bool:
+        """Requests wait and nothing runs."""
+        return bool(self.waiting) and not self.running and self.inflight is None
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inflight)
 
