@@ -14,7 +14,6 @@ only the copy into the model is a command.
 
 from __future__ import annotations
 
-import gc
 import logging
 import queue
 import secrets
@@ -36,6 +35,7 @@ from relax.backends.inference.embedded.scheduler import Scheduler
 from relax.backends.inference.embedded.sequence import GenerationResult, RequestGroup
 from relax.backends.inference.protocol import SamplingParams
 from relax.distributed.weight_ipc import FLAT
+from relax.utils.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +122,10 @@ class EmbeddedEngine:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> EmbeddedEngine:
         """Start the engine thread. The objects alive now (the model, the libraries: a few hundred
-        thousand) are frozen out of Python's cyclic garbage collector, whose full collections would
-        otherwise scan them all: 0.1-0.3 s in one go, stalling every running request (seen on the H200
-        as a 0.27 s hole before a step). Reference counting still frees them."""
+        thousand) are frozen out of Python's cyclic garbage collector (`relax/utils/gc_freeze.py`): a
+        full collection of them stalls every running request (a 0.27 s hole before a step on the H200)."""
         if self._thread is None:
-            gc.collect()
-            gc.freeze()
+            freeze_startup_objects()
             self._thread = threading.Thread(target=self._loop, name="relax-engine", daemon=True)
             self._thread.start()
         return self
