@@ -30,6 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.utils.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger("benchmarks.engine")
 
@@ -206,6 +207,7 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         cuda_graphs=not args.no_cuda_graphs,
         overlap=False if args.no_overlap else None,
     ).start()
+    freeze_startup_objects()  # as a serving process does (relax engine serve, the engine's Ray actor)
     if args.sdpa_decode and engine.runner.lean is not None:
         engine.runner.lean.triton_decode = False
     params = {"temperature": 1.0, "ignore_eos": True}

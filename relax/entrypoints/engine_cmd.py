@@ -43,6 +43,7 @@ def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def serve_command(args: argparse.Namespace) -> int:
     from relax.backends.inference.embedded.server import EngineServer
+    from relax.utils.gc_freeze import freeze_startup_objects
 
     stop = threading.Event()
 
@@ -66,6 +67,7 @@ def serve_command(args: argparse.Namespace) -> int:
     )
     try:
         server.start()
+        freeze_startup_objects()  # a serving process: see relax/utils/gc_freeze.py
         logger.info("relax engine ready at %s", server.url)
         while not stop.wait(timeout=1.0):
             pass

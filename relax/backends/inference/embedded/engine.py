@@ -35,7 +35,6 @@ from relax.backends.inference.embedded.scheduler import Scheduler
 from relax.backends.inference.embedded.sequence import GenerationResult, RequestGroup
 from relax.backends.inference.protocol import SamplingParams
 from relax.distributed.weight_ipc import FLAT
-from relax.utils.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +120,11 @@ class EmbeddedEngine:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> EmbeddedEngine:
-        """Start the engine thread. The objects alive now (the model, the libraries: a few hundred
-        thousand) are frozen out of Python's cyclic garbage collector (`relax/utils/gc_freeze.py`): a
-        full collection of them stalls every running request (a 0.27 s hole before a step on the H200)."""
+        """Start the engine thread. Freezing the process's start-up objects out of the cyclic garbage
+        collector is the process's call, not the engine's (`relax/utils/gc_freeze.py`; `relax engine
+        serve` and the engine's Ray actor do): without it a full collection stalls every running request
+        (a 0.27 s hole before a step on the H200)."""
         if self._thread is None:
-            freeze_startup_objects()
             self._thread = threading.Thread(target=self._loop, name="relax-engine", daemon=True)
             self._thread.start()
         return self
