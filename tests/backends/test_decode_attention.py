@@ -14,7 +14,7 @@ from relax.backends.inference.embedded.lean_decoder import _rotary
 from relax.backends.inference.embedded.rope_store import rope_store, silu_mul
 
 CAN_RUN = torch.cuda.is_available() and da.available(torch.device("cuda"), torch.bfloat16, 64)
-pytestmark = pytest.mark.skipif(not CAN_RUN, reason="needs CUDA and Triton")
+gpu = pytest.mark.skipif(not CAN_RUN, reason="needs CUDA and Triton")
 
 
 def _reference(q, k, v, lengths, scale):
@@ -40,6 +40,7 @@ def _cache_views(B, Hk, L, D, dtype, gen):
     "B,Hk,R,D,L",
     [(256, 2, 7, 64, 384), (3, 2, 7, 64, 1000), (5, 4, 1, 128, 70), (1, 1, 8, 64, 1), (16, 8, 4, 128, 257)],
 )
+@gpu
 def test_kernel_matches_attention(B, Hk, R, D, L, dtype):
     gen = torch.Generator(device="cuda").manual_seed(B * 1000 + L)
     qkv = torch.randn(B, 1, (R + 2) * Hk * D, generator=gen, device="cuda").to(dtype)
@@ -60,12 +61,15 @@ def test_kernel_matches_attention(B, Hk, R, D, L, dtype):
     torch.testing.assert_close(da.decode_attention(q, k2, v2, lengths, scale), got, atol=0, rtol=0)
 
 
-def test_splits_follow_the_batch():
+def test_splits_follow_the_batch():  # pure Python: runs everywhere
     assert da.splits_for(256, 2, 384) == 1
     assert da.splits_for(4, 2, 4096) > 1
     assert da.splits_for(4, 2, 10) == 1  # never shorter than a tile
+    assert not da.available(torch.device("cpu"), torch.bfloat16, 64)
+    assert not da.available(torch.device("cuda"), torch.float32, 64)  # float32 keeps SDPA
 
 
+@gpu
 def test_replayed_in_a_cuda_graph_with_new_lengths():
     B, Hk, R, D, L = 8, 2, 7, 64, 512
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -87,6 +91,7 @@ def test_replayed_in_a_cuda_graph_with_new_lengths():
     torch.testing.assert_close(out.float(), _reference(q, k, v, lengths, 0.125), atol=2e-2, rtol=2e-2)
 
 
+@gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_rope_store_rotates_and_writes_the_cache(dtype):
     N, Hq, Hk, D, S, C = 6, 14, 2, 64, 9, 128
@@ -111,6 +116,7 @@ def test_rope_store_rotates_and_writes_the_cache(dtype):
     assert not k_buf.transpose(1, 2)[~written].any() and not v_buf.transpose(1, 2)[~written].any()
 
 
+@gpu
 @pytest.mark.parametrize("N,inner", [(256, 4864), (3, 100), (1, 2048)])
 def test_silu_mul(N, inner):
     gen = torch.Generator(device="cuda").manual_seed(N)
@@ -120,6 +126,7 @@ def test_silu_mul(N, inner):
     torch.testing.assert_close(silu_mul(gate_up).float(), want, atol=2e-2, rtol=1e-2)
 
 
+@gpu
 def test_engine_decode_step_agrees_with_torch_ops(tiny_model_dir):
     from relax.backends.inference.embedded.runner import ModelRunner
 
