@@ -263,8 +263,14 @@ def profile_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list
 
     def work() -> dict:
         s = engine.scheduler
-        while s.waiting:
-            s.step()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
+        key = "self_cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
+        with profile(activities=acts) as prof:  # the prefills (and the first steps, with their capture)
+            while s.waiting:
+                s.step()
+            sync(args.device)
+        print("admission (prefills):", flush=True)
+        print(prof.key_averages().table(sort_by=key, row_limit=20), flush=True)
         for _ in range(5):
             s.step()
         times = []
@@ -274,12 +280,11 @@ def profile_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list
             s.step()
             sync(args.device)
             times.append(time.perf_counter() - t0)
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
         with profile(activities=acts) as prof:
             for _ in range(5):
                 s.step()
             sync(args.device)
-        key = "self_cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
+        print("five full-batch decode steps:", flush=True)
         print(prof.key_averages().table(sort_by=key, row_limit=30), flush=True)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
         if os.environ.get("OUT"):

@@ -117,7 +117,7 @@ def test_rope_store_rotates_and_writes_the_cache(dtype):
 
 
 @gpu
-@pytest.mark.parametrize("N,inner", [(256, 4864), (3, 100), (1, 2048)])
+@pytest.mark.parametrize("N,inner", [(256, 4864), (3, 100), (1, 2048), (16384, 4864)])
 def test_silu_mul(N, inner):
     gen = torch.Generator(device="cuda").manual_seed(N)
     gate_up = torch.randn(N, 2 * inner + 16, generator=gen, device="cuda").to(torch.bfloat16)[:, : 2 * inner]

@@ -74,6 +74,24 @@ def test_truncation_renormalises_and_never_draws_excluded_tokens(method):
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
+def test_frequencies_hold_across_a_vocabulary_of_many_parts(method):
+    """The fused kernel sums a row in parts of 4096 entries and then searches one part: mass in several
+    parts, at their edges, and banned entries between them. The torch paths take the same check."""
+    V = 3 * 4 * fused_sampling.SUB + 5
+    logits = torch.full((V,), -1e30)
+    logits[4096:8192] = -6.0  # a part of small, spread mass: about a fifth of the total
+    hot = torch.tensor([0, 4095, 4096, 9000, V - 1])
+    logits[hot] = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0])
+    draws = 40_000
+    freq = _frequencies(logits, _row(temperature=0.9), draws, method)
+    probs = torch.softmax(logits.double() / 0.9, -1)
+    _close(freq[hot], probs[hot], draws)
+    spread = slice(4097, 8192)
+    _close(freq[spread].sum()[None], probs[spread].sum()[None], draws)
+    assert freq[logits < -1e29].sum() == 0
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
 def test_banned_tokens_are_never_drawn(method):
     logits = torch.tensor([0.0, -1e30, 0.0, -1e30, 0.0])  # media tokens of a multimodal model
     freq = _frequencies(logits, _row(), 20_000, method)

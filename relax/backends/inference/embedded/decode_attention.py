@@ -27,7 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-BLOCK_N = 64  # key columns per tile
+# Key columns per tile, warps per program, software-pipelined tile loads. `python
+# benchmarks/decode_kernels.py --attention` sweeps them on an H200 (256 rows, 2 kv heads of 7 query heads,
+# head size 64): 64 / 2 / 3 was the fastest at 160, 256 and 384 columns, 6.8 / 7.9 / 11.0 us against
+# 7.4 / 8.7 / 12.0 us with 4 warps (two warps suffice for a 16 x 64 tile, and twice as many programs fit).
+BLOCK_N = 64
+WARPS = 2
+STAGES = 3
 TARGET_PROGRAMS = 264  # about two per SM of an H200 (132 SMs)
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -152,12 +158,22 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, lengths_B: Tensor, scale: 
     return _launch(q, k, v, lengths_B, scale, splits_for(B, Hk, k.shape[2]))
 
 
-def _launch(q: Tensor, k: Tensor, v: Tensor, lengths_B: Tensor, scale: float, splits: int) -> Tensor:
+def _launch(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lengths_B: Tensor,
+    scale: float,
+    splits: int,
+    block: int = BLOCK_N,
+    warps: int = WARPS,
+    stages: int = STAGES,
+) -> Tensor:
     B, Hk, R, D = q.shape
     L = k.shape[2]
     part, merge = _kernels()
     R_PAD = max(16, 1 << (R - 1).bit_length())
-    cols = -(-L // (splits * BLOCK_N)) * BLOCK_N  # columns per split, whole tiles
+    cols = -(-L // (splits * block)) * block  # columns per split, whole tiles
     out = torch.empty(B, Hk, R, D, dtype=q.dtype, device=q.device)
     if splits > 1:
         partial = torch.empty(B * Hk * splits * R_PAD, D, dtype=torch.float32, device=q.device)
@@ -168,7 +184,7 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, lengths_B: Tensor, scale: float, sp
     scale_log2 = scale * math.log2(math.e)
     part[(B, Hk, splits)](
         q, k, v, lengths_B, out, partial, stats, *strides, R, scale_log2, cols,
-        R_PAD=R_PAD, D=D, BLOCK=BLOCK_N, SPLIT=splits > 1, num_warps=4,
+        R_PAD=R_PAD, D=D, BLOCK=block, SPLIT=splits > 1, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if splits > 1:
         merge[(B, Hk)](out, partial, stats, R, splits, R_PAD=R_PAD, D=D, num_warps=4)

@@ -1,22 +1,24 @@
-"""Sampling in one pass over the logits on CUDA (a Triton kernel), for the common RL batch: every row
-sampled at its own temperature > 0, no top-k / top-p / min-p.
+"""Sampling on CUDA in two Triton kernels, for the common RL batch: every row sampled at its own
+temperature > 0, no top-k / top-p / min-p. The draw is the inverse CDF of softmax(x_b / T_b):
 
-Per row b the kernel reads the logits x_b once and keeps, lane by lane,
+    scan_part  program (row, part) reads its part's 4 x SUB logits once: the part's maximum and its sum
+               of exp(x / T - maximum), with one rescale per four entries a lane
+    combine    program row: the log-sum-exp over the parts; one uniform u from Philox keyed by the row's
+               seed; the part in which the cumulative mass first exceeds u * total; then that part alone,
+               in order, to the first token whose cumulative mass exceeds it (`tl.cumsum`)
 
-    the running maximum and sum of exp(x_b / T_b)     -> lse_b = logsumexp(x_b / T_b)
-    the running arg-max of x_b[v] / T_b + G_b[v]      -> the token (Gumbel-max, G = -log(-log(U)))
+and writes the token and its log-prob x_b[token] / T_b - lse_b. A part is always one chunk of 4 x SUB
+entries, whatever the batch, so a row's sums (and so its draw) depend only on its logits and its seed:
+`BatchSampler` draws the seeds of a step from the engine's generator, a seeded request's from its own
+(the same tokens whatever else is batched). Rounding can leave u * total just past the mass that the
+second kernel recomputes: the draw then stops at the part's last token of nonzero probability, never on
+a banned one.
 
-and writes the token and its log-prob x_b[token] / T_b - lse_b. The Gumbel-max draw is exact: argmax of
-x / T + Gumbel noise is distributed as softmax(x / T), like the exponential race of `sampling.py`, which
-is the same race in probability space. The uniform numbers come from Philox keyed by a per-row seed and
-the vocabulary index (`tl.rand4x`: one Philox call for four entries), so a row's draw depends only on its seed: `BatchSampler` draws the seeds of a step
-from the engine's generator, a seeded request's from its own (the same tokens whatever else is batched).
-
-On an H200 at 256 rows x 151936 (bf16 logits) the torch ops of `BatchSampler._race` make six passes over
-[256, V] float32 tensors (log-softmax, exp, the draw, its log, the division, the arg-min): 0.66 ms of a
-3.5 ms decode step. This kernel reads the bf16 logits once: 0.16 ms (`python benchmarks/sampler.py
---device cuda --rows 256 --vocab 151936` times both; at 64 rows 0.10 ms against 0.21). Without Triton or CUDA, `available()` is False and the
-torch path runs.
+An earlier version drew Gumbel-max in one pass (an argmax of x / T - log(-log(U)) with a Philox uniform
+per entry). Its two logarithms and the random numbers per entry made it compute-bound: 0.15 ms of a
+1.6 ms decode step at 256 rows x 151936 on an H200. This one spends about one exponential per entry
+(`python benchmarks/sampler.py --device cuda --rows 256 --vocab 151936` times it against the torch
+paths). Without Triton or CUDA, `available()` is False and the torch path runs.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-SUB = 1024  # lanes of a program; it reads 4 x SUB vocabulary entries per iteration
-WARPS = 8
-PROGRAMS = 512  # programs to aim for (rows x parts): a few per SM of an H200's 132
+SUB = 1024  # lanes of a scan program; it reads 4 x SUB vocabulary entries, one part
+WARPS = 4
+SCAN_SUB = 1024  # entries per step of the in-part search
 SEED_MAX = 2**31 - 1
 
 
@@ -51,83 +53,85 @@ def _kernels() -> tuple[Any, Any]:
     import triton.language as tl
 
     @triton.jit
-    def _visit(base, offs, V, inv_t, u, run_max, run_sum, best, best_at):
-        """Fold one tile of the row (entries `offs`, uniforms `u`) into the lane accumulators."""
-        inside = offs < V
-        x = tl.load(base + offs, mask=inside, other=float("-inf")).to(tl.float32) * inv_t
-        new_max = tl.maximum(run_max, x)
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a lane that saw only -inf
-        run_sum = run_sum * tl.exp(run_max - shift) + tl.exp(x - shift)
-        score = tl.where(inside, x - tl.log(-tl.log(u)), float("-inf"))
-        better = score > best
-        return new_max, run_sum, tl.where(better, score, best), tl.where(better, offs, best_at)
-
-    # arguments that vary with the batch are not specialised on, so a new batch size compiles nothing
-    @triton.jit(do_not_specialize=["chunks_per_part"])
-    def scan_part(
-        logits_ptr, stride, inv_temp_ptr, seed_ptr, part_ptr, V, chunks_per_part, SUB: tl.constexpr
-    ):
-        """Program (row, part): the row's chunks [part * chunks_per_part, ...) of 4 x SUB entries.
-        Writes [max, sum of exp(x - max), best score, its index] at part_ptr[row, part, :] (float32:
-        exact for indexes below 2**24)."""
+    def scan_part(logits_ptr, stride, inv_temp_ptr, part_ptr, V, SUB: tl.constexpr):
+        """Program (row, part): entries [part * 4 * SUB, (part + 1) * 4 * SUB). Writes the part's max
+        and sum of exp(x - max) at part_ptr[row, part, :] (float32)."""
         row, part, parts = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
         base = logits_ptr + row.to(tl.int64) * stride
         inv_t = tl.load(inv_temp_ptr + row)
-        seed = tl.load(seed_ptr + row)
-        lanes = tl.arange(0, SUB)
-        run_max = tl.full((SUB,), float("-inf"), tl.float32)
-        run_sum = tl.zeros((SUB,), tl.float32)
-        best = tl.full((SUB,), float("-inf"), tl.float32)
-        best_at = tl.zeros((SUB,), tl.int32)
-        first = part * chunks_per_part * 4 * SUB
-        last = tl.minimum(first + chunks_per_part * 4 * SUB, V)
-        for start in range(first, last, 4 * SUB):
-            # one Philox call gives four uniforms, keyed by the vocabulary index: the same draw
-            # whatever the split
-            u0, u1, u2, u3 = tl.rand4x(seed, start // 4 + lanes)
-            run_max, run_sum, best, best_at = _visit(
-                base, start + lanes, V, inv_t, u0, run_max, run_sum, best, best_at
-            )
-            run_max, run_sum, best, best_at = _visit(
-                base, start + SUB + lanes, V, inv_t, u1, run_max, run_sum, best, best_at
-            )
-            run_max, run_sum, best, best_at = _visit(
-                base, start + 2 * SUB + lanes, V, inv_t, u2, run_max, run_sum, best, best_at
-            )
-            run_max, run_sum, best, best_at = _visit(
-                base, start + 3 * SUB + lanes, V, inv_t, u3, run_max, run_sum, best, best_at
-            )
-        top = tl.max(run_max, 0)
-        shift = tl.where(top == float("-inf"), 0.0, top)
-        best_score = tl.max(best, 0)
-        out = part_ptr + (row * parts + part) * 4
+        offs = part * 4 * SUB + tl.arange(0, SUB)
+        x0 = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
+        x1 = tl.load(base + offs + SUB, mask=offs + SUB < V, other=float("-inf")).to(tl.float32) * inv_t
+        x2 = (
+            tl.load(base + offs + 2 * SUB, mask=offs + 2 * SUB < V, other=float("-inf")).to(tl.float32)
+            * inv_t
+        )
+        x3 = (
+            tl.load(base + offs + 3 * SUB, mask=offs + 3 * SUB < V, other=float("-inf")).to(tl.float32)
+            * inv_t
+        )
+        top = tl.max(tl.maximum(tl.maximum(x0, x1), tl.maximum(x2, x3)), 0)
+        shift = tl.where(top == float("-inf"), 0.0, top)  # a part of padding only
+        total = tl.sum(tl.exp(x0 - shift) + tl.exp(x1 - shift) + tl.exp(x2 - shift) + tl.exp(x3 - shift), 0)
+        out = part_ptr + (row * parts + part) * 2
         tl.store(out, top)
-        tl.store(out + 1, tl.sum(run_sum * tl.exp(run_max - shift), 0))
-        tl.store(out + 2, best_score)
-        tl.store(out + 3, tl.min(tl.where(best == best_score, best_at, V), 0).to(tl.float32))
+        tl.store(out + 1, total)
 
     @triton.jit(do_not_specialize=["parts"])
-    def combine(logits_ptr, stride, inv_temp_ptr, part_ptr, token_ptr, logp_ptr, parts, P: tl.constexpr):
-        """One program per row: the parts' log-sum-exp, the best part's token (ties: the first part,
-        whose indexes are the smallest) and the token's log-prob."""
+    def combine(
+        logits_ptr,
+        stride,
+        inv_temp_ptr,
+        seed_ptr,
+        part_ptr,
+        token_ptr,
+        logp_ptr,
+        V,
+        parts,
+        P: tl.constexpr,
+        PART: tl.constexpr,
+        STEP: tl.constexpr,
+    ):
+        """Program row: log-sum-exp, the inverse-CDF draw over the parts and then within one part."""
         row = tl.program_id(0)
+        base = logits_ptr + row.to(tl.int64) * stride
+        inv_t = tl.load(inv_temp_ptr + row)
         k = tl.arange(0, P)
         inside = k < parts
-        part = part_ptr + (row * parts + k) * 4
+        part = part_ptr + (row * parts + k) * 2
         pmax = tl.load(part, mask=inside, other=float("-inf"))
         psum = tl.load(part + 1, mask=inside, other=0.0)
-        pbest = tl.load(part + 2, mask=inside, other=float("-inf"))
-        pat = tl.load(part + 3, mask=inside, other=0.0)
         top = tl.max(pmax, 0)
-        lse = top + tl.log(tl.sum(psum * tl.exp(pmax - top), 0))
-        best_score = tl.max(pbest, 0)
-        token = tl.min(tl.where(pbest == best_score, k, P), 0)
-        token = tl.sum(tl.where(k == token, pat, 0.0), 0).to(tl.int64)
-        chosen = tl.load(logits_ptr + row.to(tl.int64) * stride + token).to(tl.float32) * tl.load(
-            inv_temp_ptr + row
-        )
-        tl.store(token_ptr + row, token)
-        tl.store(logp_ptr + row, chosen - lse)
+        mass = tl.where(pmax == float("-inf"), 0.0, psum * tl.exp(pmax - top))  # in units of exp(top)
+        total = tl.sum(mass, 0)
+        lse = top + tl.log(total)
+        two = tl.arange(0, 2)
+        u = tl.min(tl.where(two == 0, tl.rand(tl.load(seed_ptr + row), two), 2.0), 0)
+        target = u * total
+        before_K = tl.cumsum(mass, 0) - mass
+        last_kept = tl.max(tl.where(mass > 0, k, 0), 0)
+        chosen = tl.min(tl.where((before_K + mass > target) & (mass > 0), k, last_kept), 0)
+        target = tl.maximum(target - tl.sum(tl.where(k == chosen, before_K, 0.0), 0), 0.0)
+        lanes = tl.arange(0, STEP)
+        start = chosen * PART
+        end = tl.minimum(start + PART, V)
+        run = 0.0
+        token = -1
+        last_pos = start
+        while (token < 0) & (start < end):
+            offs = start + lanes
+            x = tl.load(base + offs, mask=offs < end, other=float("-inf")).to(tl.float32) * inv_t
+            e = tl.exp(x - top)
+            cum = tl.cumsum(e, 0) + run
+            hit = tl.min(tl.where((cum > target) & (e > 0), offs, V), 0)
+            token = tl.where(hit < V, hit, -1)
+            last_pos = tl.maximum(last_pos, tl.max(tl.where(e > 0, offs, 0), 0))
+            run = run + tl.sum(e, 0)
+            start += STEP
+        token = tl.where(token < 0, last_pos, token)
+        x_tok = tl.load(base + token).to(tl.float32) * inv_t
+        tl.store(token_ptr + row, token.to(tl.int64))
+        tl.store(logp_ptr + row, x_tok - lse)
 
     return scan_part, combine
 
@@ -135,26 +139,23 @@ def _kernels() -> tuple[Any, Any]:
 def fused_sample(logits_BV: Tensor, inv_temp_B: Tensor, seeds_B: Tensor) -> tuple[Tensor, Tensor]:
     """Token ids [B] (int64) and their log-probs [B] (float32) of one draw per row from
     softmax(logits / T); `inv_temp_B` holds 1 / T (float32), `seeds_B` the rows' Philox seeds (int32).
-
-    A row is split into parts scanned in parallel, enough for about `PROGRAMS` programs in all: a
-    program per row alone would leave a small batch's rows to a few SMs, each scanning 150k entries."""
+    A program per part of 4 x SUB entries keeps every SM busy at any batch size (a row of 151936 entries
+    is 38 parts)."""
     B, V = logits_BV.shape
     if logits_BV.stride(1) != 1:
         logits_BV = logits_BV.contiguous()
-    chunks = -(-V // (4 * SUB))
-    parts = max(1, min(chunks, -(-PROGRAMS // B)))
-    per_part = -(-chunks // parts)
-    parts = -(-chunks // per_part)  # no empty part
-    partial = torch.empty(B, parts, 4, dtype=torch.float32, device=logits_BV.device)
+    parts = -(-V // (4 * SUB))
+    partial = torch.empty(B, parts, 2, dtype=torch.float32, device=logits_BV.device)
     tokens_B = torch.empty(B, dtype=torch.int64, device=logits_BV.device)
     logp_B = torch.empty(B, dtype=torch.float32, device=logits_BV.device)
     scan_part, combine = _kernels()
     stride = logits_BV.stride(0)
-    scan_part[(B, parts)](
-        logits_BV, stride, inv_temp_B, seeds_B, partial, V, per_part, SUB=SUB, num_warps=WARPS
-    )
-    P = max(2, 1 << (chunks - 1).bit_length())  # a bound on `parts` fixed by V: one compile per vocabulary
-    combine[(B,)](logits_BV, stride, inv_temp_B, partial, tokens_B, logp_B, parts, P=P, num_warps=1)
+    scan_part[(B, parts)](logits_BV, stride, inv_temp_B, partial, V, SUB=SUB, num_warps=WARPS)
+    P = max(2, 1 << (parts - 1).bit_length())
+    combine[(B,)](
+        logits_BV, stride, inv_temp_B, seeds_B, partial, tokens_B, logp_B, V, parts,
+        P=P, PART=4 * SUB, STEP=SCAN_SUB, num_warps=4,
+    )  # fmt: skip
     return tokens_B, logp_B
 
 

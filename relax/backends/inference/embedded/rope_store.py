@@ -88,7 +88,7 @@ def _silu_mul_kernel() -> Any:
 
     @triton.jit
     def silu_mul(X, Y, inner, s_x, BLOCK: tl.constexpr):
-        n = tl.program_id(0)
+        n = tl.program_id(0).to(tl.int64)  # a prefill's rows x 2I entries can pass 2**31
         i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         keep = i < inner
         gate = tl.load(X + n * s_x + i, mask=keep, other=0.0).to(tl.float32)

@@ -1,0 +1,187 @@
+"""Decode-step kernels of Qwen2.5-0.5B's shape on CUDA, one at a time: matrix products and attention.
+
+Matrix products (default): how close each runs to the H200's limits, per shape.
+
+A decode step of Qwen2.5-0.5B at 256 rows multiplies [256, K] activations by five weight shapes (fused
+qkv, o, fused gate/up, down, lm_head). This script replays each product 200 times inside one CUDA graph
+(so launch overhead is out) and prints microseconds per call for cuBLAS (`F.linear` and, for the two
+products that accumulate into the residual, `addmm_`), the same with cuBLASLt preferred, and an
+autotuned Triton kernel, beside the floor set by the larger of compute (989 TFLOP/s dense bf16) and
+weight reads (4.8 TB/s):
+
+    python benchmarks/decode_kernels.py --rows 256
+
+Attention (`--attention`): the Triton decode attention (`decode_attention.py`) over a grid of tile
+widths, warps, pipeline stages and splits, at 256 rows, 2 kv heads of 7 query heads, head size 64 and a
+few context lengths; prints each configuration's microseconds and the fastest per length beside the
+module's defaults:
+
+    python benchmarks/decode_kernels.py --attention
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {  # name: (K, N) of Qwen2.5-0.5B
+    "qkv": (896, 1152),
+    "o": (896, 896),
+    "gate_up": (896, 9728),
+    "down": (4864, 896),
+    "lm_head": (896, 151936),
+}
+
+
+def graph_time_us(fn, reps: int = 200) -> float:
+    """Microseconds per call of `fn` replayed `reps` times in one captured graph (median of 5 replays)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return sorted(times)[2]
+
+
+def triton_linear():
+    import triton
+    import triton.language as tl
+
+    configs = [
+        triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_stages=st, num_warps=wp)
+        for bm in (64, 128)
+        for bn in (32, 64, 128)
+        for bk in (64, 128)
+        for st in (3, 4)
+        for wp in (4, 8)
+    ]
+
+    @triton.autotune(configs=configs, key=["M", "N", "K"])
+    @triton.jit
+    def kernel(
+        a_ptr, w_ptr, c_ptr, M, N, K, ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+    ):
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, K, BK):
+            a = tl.load(a_ptr + rm[:, None] * K + (k0 + rk)[None, :], mask=rm[:, None] < M, other=0.0)
+            w = tl.load(w_ptr + rn[None, :] * K + (k0 + rk)[:, None], mask=rn[None, :] < N, other=0.0)
+            acc = tl.dot(a, w, acc)
+        ptrs = c_ptr + rm[:, None] * N + rn[None, :]
+        inside = (rm[:, None] < M) & (rn[None, :] < N)
+        if ACC:
+            acc += tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
+        tl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=inside)
+
+    def run(a, w, c, accumulate: bool) -> None:
+        M, K = a.shape
+        N = w.shape[0]
+        grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))  # noqa: E731
+        kernel[grid](a, w, c, M, N, K, ACC=accumulate)
+
+    return run
+
+
+def attention_sweep(rows: int) -> None:
+    from relax.backends.inference.embedded import decode_attention as da
+
+    Hk, R, D, slots, max_len = 2, 7, 64, rows, 1024
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k_buf = torch.randn(slots, Hk, max_len, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v_buf = torch.randn(slots, Hk, max_len, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(rows, Hk, R, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    for L in (160, 256, 384):
+        lengths = torch.randint(L - 32, L + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
+        k, v = k_buf[:, :, :L], v_buf[:, :, :L]
+        ref = da._launch(q, k, v, lengths, 0.125, 1)
+        results = []
+        for block in (32, 64, 128):
+            for warps in (2, 4, 8):
+                for stages in (1, 2, 3, 4):
+                    for splits in (1, 2):
+                        cfg = {"block": block, "warps": warps, "stages": stages, "splits": splits}
+                        try:
+                            out = da._launch(q, k, v, lengths, 0.125, splits, block, warps, stages)
+                            torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+                            us = graph_time_us(
+                                lambda c=cfg, k=k, v=v, n=lengths: da._launch(
+                                    q, k, v, n, 0.125, c["splits"], c["block"], c["warps"], c["stages"]
+                                ),
+                                reps=100,
+                            )
+                        except Exception as e:  # noqa: BLE001 - a configuration that does not compile
+                            print(json.dumps({"L": L, **cfg, "error": str(e)[:120]}), flush=True)
+                            continue
+                        results.append((round(us, 2), cfg))
+        results.sort(key=lambda r: r[0])
+        default = next(
+            us
+            for us, c in results
+            if (c["block"], c["warps"], c["stages"]) == (da.BLOCK_N, da.WARPS, da.STAGES)
+            and c["splits"] == da.splits_for(rows, Hk, L)
+        )
+        print(json.dumps({"L": L, "default_us": default, "best": results[:6]}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--attention", action="store_true", help="sweep the decode attention's settings")
+    args = ap.parse_args()
+    if args.attention:
+        attention_sweep(args.rows)
+        return
+    torch.manual_seed(0)
+    M, dev, dt = args.rows, "cuda", torch.bfloat16
+    tri = None if args.no_triton else triton_linear()
+    rows = []
+    for name, (K, N) in SHAPES.items():
+        a = torch.randn(M, K, device=dev, dtype=dt)
+        w = torch.randn(N, K, device=dev, dtype=dt) / K**0.5
+        c = torch.zeros(M, N, device=dev, dtype=dt)
+        floor = max(2 * M * N * K / 989e12, 2 * N * K / 4.8e12) * 1e6
+        row = {"shape": name, "K": K, "N": N, "floor_us": round(floor, 1)}
+        torch.backends.cuda.preferred_blas_library("cublas")
+        row["linear_us"] = round(graph_time_us(lambda: torch.mm(a, w.t(), out=c)), 1)  # noqa: B023
+        row["addmm_us"] = round(graph_time_us(lambda: c.addmm_(a, w.t())), 1)  # noqa: B023
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        row["lt_linear_us"] = round(graph_time_us(lambda: torch.mm(a, w.t(), out=c)), 1)  # noqa: B023
+        row["lt_addmm_us"] = round(graph_time_us(lambda: c.addmm_(a, w.t())), 1)  # noqa: B023
+        torch.backends.cuda.preferred_blas_library("cublas")
+        if tri is not None:
+            ref = F.linear(a, w).float()
+            tri(a, w, c, False)
+            torch.cuda.synchronize()
+            row["triton_err"] = round(float((c.float() - ref).abs().max()), 3)
+            row["triton_us"] = round(graph_time_us(lambda: tri(a, w, c, False)), 1)  # noqa: B023
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    total = {
+        k: round(sum(r.get(k, 0) * (24 if r["shape"] != "lm_head" else 1) for r in rows), 1)
+        for k in ("floor_us", "linear_us", "lt_linear_us", "triton_us")
+    }
+    print(json.dumps({"step_total_us (24 layers + lm_head)": total}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
