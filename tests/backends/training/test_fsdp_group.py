@@ -57,7 +57,7 @@ def groups(tiny_model_dir, ray_cluster):
 def test_one_rank_two_ranks_and_micro_batches_give_the_same_update(tiny_model_dir, groups):
     """The in-process trainer (1 rank, one batch) == FSDP 1 rank micro-batched == FSDP 2 ranks."""
     batch = make_batch(n=7)
-    ref = TorchTrainer(str(tiny_model_dir), TrainerConfig(lr=1e-2, threads=1))
+    ref = TorchTrainer(str(tiny_model_dir), TrainerConfig(lr=1e-2, threads=1, device="cpu"))
     want_logp = ref.compute_log_probs(batch)
     want = train_step(ref, make_batch(n=7))
     want_grad = {n: ref.optimizer.state[p]["exp_avg"] for n, p in ref.model.named_parameters()}

@@ -16,10 +16,11 @@ step's rotary embedding and cache write are one Triton kernel (`rope_store.py`),
 third (in a prefill too, where its [tokens, intermediate] intermediate is largest): on an H200 at 256 rows
 the step fell from 2.75 to about 1.9 ms.
 
-On the CPU, where a small step's time is mostly per-op overhead, the rotary cos / sin come from a table of
-the model's own rotary embedding over positions 0..P-1 (grown by doubling; one lookup instead of about
-a dozen ops per step). Not for dynamic rotary types, whose frequencies depend on the sequence length, nor
-on CUDA, where decode steps are captured graphs that must not see a table reallocated.
+The rotary cos / sin come from a table of the model's own rotary embedding over positions 0..P-1: one
+lookup instead of about a dozen ops per step (on the CPU a small step's time is mostly per-op overhead;
+on an H200 those ops were ~10 kernels and ~12 us of each captured step). The CPU's table grows by
+doubling; the CUDA table is built once over the context (at most `MAX_TABLE` positions), since captured
+graphs hold its address. Not for dynamic rotary types, whose frequencies depend on the sequence length.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED = {"qwen2", "qwen3", "llama"}
 DYNAMIC_ROPE = ("dynamic", "longrope")  # rotary types whose frequencies change with the sequence length
+MAX_TABLE = 1 << 17  # positions of a CUDA rotary table (head size 128: 64 MiB in bf16); later ones computed
 
 
 def _rms(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
@@ -129,15 +131,31 @@ class LeanDecoder:
         """cos and sin_signed [N, T, 1, D] (broadcast over the heads of q and k) at positions `pos_NT`,
         all below `length`."""
         D = self.head_dim
-        if self._rope_static and h.device.type == "cpu":
-            table = self._rope_table
-            if table is None or table.shape[0] < length or table.dtype != h.dtype:
-                P = max(length, 2 * table.shape[0] if table is not None else 256)
-                table = self._rope_table = torch.stack(self._rope(h, torch.arange(P)[None]), dim=2)[0]
+        table = self._table(h, length) if self._rope_static else None
+        if table is not None:
             cs = table.index_select(0, pos_NT.flatten()).view(*pos_NT.shape, 2, 1, D)
             return cs.select(2, 0), cs.select(2, 1)
         cos, sin_signed = self._rope(h, pos_NT)
         return cos.unsqueeze(2), sin_signed.unsqueeze(2)
+
+    def _table(self, h: Tensor, length: int) -> Tensor | None:
+        """The rotary table covering positions below `length`, or None where it cannot serve. On the CPU
+        it grows by doubling. On CUDA it is built once, outside any graph capture, over the model's whole
+        context: captured graphs hold its address, so it is never replaced (a longer position or another
+        dtype computes cos / sin directly)."""
+        table = self._rope_table
+        if table is not None and table.shape[0] >= length and table.dtype == h.dtype:
+            return table
+        if h.device.type == "cpu":
+            P = max(length, 2 * table.shape[0] if table is not None else 256)
+        elif table is None and not torch.cuda.is_current_stream_capturing():
+            context = int(getattr(self.body.config, "max_position_embeddings", 0) or 0)
+            P = max(length, min(context, MAX_TABLE))
+        else:
+            return None
+        positions = torch.arange(P, device=h.device)[None]
+        self._rope_table = torch.stack(self._rope(h, positions), dim=2)[0]
+        return self._rope_table if self._rope_table.shape[0] >= length else None
 
     def _rope(self, h: Tensor, pos_NT: Tensor) -> tuple[Tensor, Tensor]:
         """The model's rotary cos and sin_signed (see `_rotary`) at `pos_NT`, [N, T, D] each."""
