@@ -76,6 +76,7 @@ class ActorRole(PlaneClient):
             backend=t.weight_sync_backend,
             flatten=t.weight_sync_flatten is not False,
             ipc=t.weight_sync_ipc,
+            device=getattr(self.trainer, "device", None),  # a CPU trainer on a GPU host sends by gloo
         )
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)

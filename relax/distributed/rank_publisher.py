@@ -40,8 +40,8 @@ class RankPublisher:
         ipc: bool = True,
         device: torch.device | None = None,
     ) -> None:
-        """`device`: the rank's GPU; the publishing thread makes it current (a thread starts on cuda:0,
-        which is another GPU when the rank sees all of them)."""
+        """`device`: the rank's device; a GPU is made current in the publishing thread (a thread starts on
+        cuda:0, which is another GPU when the rank sees all of them), a CPU one sends through gloo."""
         self.device = device
         self.bucket_bytes = bucket_bytes
         self.backend = backend
@@ -68,7 +68,7 @@ class RankPublisher:
     def connect(self, urls: list[str], rank_uuids: Sequence[str | None] | None = None, rank: int = 0) -> None:
         """Rank 0 forms the group with the receivers on other GPUs; every rank takes those on its GPU."""
         self.publisher = self.publisher or WeightPublisher(
-            self.bucket_bytes, backend=self.backend, flatten=self.flatten, ipc=self.ipc
+            self.bucket_bytes, backend=self.backend, flatten=self.flatten, ipc=self.ipc, device=self.device
         )
         self._run(self.publisher.connect(urls, rank_uuids, rank))
 

@@ -105,8 +105,11 @@ class WeightPublisher:
         flatten: bool = True,
         ipc: bool = True,
         force_flat: bool = False,
+        device: torch.device | None = None,
     ) -> None:
-        """`backend`: nccl, gloo, or auto (NCCL when this process sees a GPU, else gloo) for the group.
+        """`backend`: nccl, gloo, or auto for the group: NCCL when the weights are on a GPU (`device`, the
+        trainer's; None: whenever this process sees one), else gloo, so a trainer pinned to the CPU on a
+        GPU host sends through gloo (NCCL cannot broadcast its host tensors).
         `flatten`: one NCCL broadcast per bucket (Relax receivers) instead of one per tensor (SGLang).
         gloo keeps one per tensor unless `force_flat`: its per-tensor sends overlap, a single large one
         does not (1.1 s against 1.9 s for 1 GB between two GPUs through host memory).
@@ -114,6 +117,7 @@ class WeightPublisher:
         self.bucket_bytes = bucket_bytes
         self.backend = backend
         self.group_name = group_name
+        self.device = device
         self.flatten, self.ipc, self.force_flat = flatten, ipc, force_flat
         self.group: weight_sync.WeightSyncGroup | None = None
         self.clients: list[EngineClient] = []  # members of the broadcast group
@@ -130,7 +134,8 @@ class WeightPublisher:
         """Split the receivers at `urls` between CUDA IPC (from the rank on their GPU) and the group, which
         rank 0 forms. `rank_uuids`: the GPU of every training rank (default: this process alone)."""
         await self.close()
-        rank_uuids = list(rank_uuids) if rank_uuids is not None else [local_uuid()]
+        on_gpu = self.device.type == "cuda" if self.device is not None else torch.cuda.is_available()
+        rank_uuids = list(rank_uuids) if rank_uuids is not None else [local_uuid() if on_gpu else None]
         clients = [EngineClient(u) for u in urls]
         if self.ipc and any(rank_uuids):
             uuids = await asyncio.gather(*(_uuid_of(c) for c in clients))
@@ -145,7 +150,7 @@ class WeightPublisher:
         if self.clients:
             backend = self.backend
             if backend == "auto":
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
+                backend = "nccl" if on_gpu else "gloo"
             self.group = await weight_sync.init_weight_sync(
                 self.clients, node_ip(), free_port(), backend=backend, group_name=self.group_name
             )

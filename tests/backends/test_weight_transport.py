@@ -41,6 +41,32 @@ def test_receivers_on_a_ranks_gpu_go_to_that_rank_the_rest_to_the_group():
     assert assign(["x", None], [None]) == ([0, 1], [[]])  # CPU trainer: everything through the group
 
 
+@pytest.mark.parametrize(("device", "backend"), [("cpu", "gloo"), ("cuda", "nccl"), (None, "nccl")])
+def test_auto_backend_follows_where_the_weights_are(monkeypatch, device, backend):
+    """On a GPU host, `auto` takes NCCL only for weights on a GPU: a trainer pinned to the CPU sends its
+    host tensors through gloo (NCCL cannot), and offers no GPU for CUDA IPC."""
+    from relax.distributed import weight_publisher
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(weight_publisher, "local_uuid", lambda: "gpu-0")
+    seen = {}
+
+    async def uuid_of(client):
+        return "gpu-1"  # a receiver on another GPU: it joins the group, whatever the rank's device
+
+    async def init(clients, host, port, backend, group_name):
+        seen["backend"] = backend
+        return type("Group", (), {"backend": backend})()
+
+    monkeypatch.setattr(weight_publisher, "_uuid_of", uuid_of)
+    monkeypatch.setattr(weight_publisher.weight_sync, "init_weight_sync", init)
+    pub = WeightPublisher(device=None if device is None else torch.device(device))
+    run(pub.connect(["http://127.0.0.1:1"]))
+    assert seen["backend"] == backend and len(pub.clients) == 1 and not pub.ipc_clients
+    pub.group = None  # nothing to destroy
+    run(pub.close())
+
+
 def test_the_version_rides_on_the_last_bucket_only():
     named = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5])]
     out = [([n for n, _ in b], last) for b, last in stream_buckets(named, bucket_bytes=80)]
