@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from relax.orchestration.registry import STREAMING_MODES
 
 try:  # a replica that died mid-call; the HealthManager decides what that costs
@@ -26,6 +28,14 @@ logger = logging.getLogger(__name__)
 
 STAGES = ("actor_fwd", "reference", "advantages")  # fully_async roles between Rollout and Actor
 POLL_S = 2.0  # how often a wait on the Actor checks the background roles
+PROBE_TIMEOUT_S = 5.0  # a weight receiver's `/health` after a failed push
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 class StepFlow:
@@ -122,9 +132,25 @@ class StepFlow:
         try:
             return self.actor.push_weights.remote().result()
         except Exception:
-            logger.exception("weight push failed; checking the engines and pushing again")
-        self.health.engines_before_push(self.rollout, self.actor, self.receivers)  # asks the Rollout again
+            logger.exception("weight push failed; checking the engines and ActorFwd, then pushing again")
+        self._restart_dead_receivers()
+        # asks the Rollout again; a restarted ActorFwd's new receiver joins the group here
+        self.health.engines_before_push(self.rollout, self.actor, self.receivers, regroup=self._regroup)
+        self._regroup = False
         return self.actor.push_weights.remote().result()
+
+    def _restart_dead_receivers(self) -> None:
+        """ActorFwd's weight receiver is in the push's group like an engine; one that does not answer
+        `/health` broke the push. Its role is restarted now rather than when its heartbeat goes silent
+        (`ops.heartbeat_timeout_s` later): a retry without it would fail the same way. The new replica's
+        receiver joins the group for the retry."""
+        if "actor_fwd" not in self.stages:
+            return
+        for url in self.receivers:
+            if not _answers(url):
+                reason = f"its weight receiver at {url} does not answer"
+                self.health.restart("actor_fwd", reason, self.restart_stage)
+                return
 
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface.

@@ -106,35 +106,47 @@ class HealthManager:
         """Restart failed stateless roles with `restart_in_place(name)`; raise `GlobalRestart` for the rest
         (`asked`: a snapshot from `ask()`, else one is asked now)."""
         for name, reason in self.failures(asked).items():
-            if name not in STATELESS:
-                raise GlobalRestart(name, reason)
-            count = self.role_restarts.get(name, 0) + 1
-            if count > self.ops.max_role_restarts:
-                raise GlobalRestart(
-                    name,
-                    f"{reason}; failed {count} times (ops.max_role_restarts={self.ops.max_role_restarts})",
-                )
-            self.role_restarts[name] = count
-            logger.warning(
-                "role %s failed: %s; restarting it in place (%d of %d)",
+            self.restart(name, reason, restart_in_place)
+
+    def restart(self, name: str, reason: str, restart_in_place: Callable[[str], None]) -> None:
+        """Role `name` failed for `reason`: restart it in place if it is stateless and under its restart
+        budget, else raise `GlobalRestart`. Also called directly when a failure is seen before the
+        heartbeats show it (a weight receiver that refuses the push)."""
+        if name not in STATELESS:
+            raise GlobalRestart(name, reason)
+        count = self.role_restarts.get(name, 0) + 1
+        if count > self.ops.max_role_restarts:
+            raise GlobalRestart(
                 name,
-                reason,
-                count,
-                self.ops.max_role_restarts,
+                f"{reason}; failed {count} times (ops.max_role_restarts={self.ops.max_role_restarts})",
             )
-            self.notifier.restart(
-                name, f"{reason}; restarting it in place ({count} of {self.ops.max_role_restarts})"
-            )
-            restart_in_place(name)
-            self.watch([name], replacing=name)
+        self.role_restarts[name] = count
+        logger.warning(
+            "role %s failed: %s; restarting it in place (%d of %d)",
+            name,
+            reason,
+            count,
+            self.ops.max_role_restarts,
+        )
+        self.notifier.restart(
+            name, f"{reason}; restarting it in place ({count} of {self.ops.max_role_restarts})"
+        )
+        restart_in_place(name)
+        self.watch([name], replacing=name)
 
     # -- engines -----------------------------------------------------------------------------
     def engines_before_push(
-        self, rollout: Any, actor: Any, receivers: list[str] | None = None, info: dict | None = None
+        self,
+        rollout: Any,
+        actor: Any,
+        receivers: list[str] | None = None,
+        info: dict | None = None,
+        regroup: bool = False,
     ) -> None:
         """Replace failed engines and re-form the weight-sync group (engines plus other weight `receivers`,
         such as ActorFwd), so the push reaches only live ones. `info`: the Rollout's
-        `replace_dead_engines` answer when the caller already has it (`prepare_weight_update`)."""
+        `replace_dead_engines` answer when the caller already has it (`prepare_weight_update`);
+        `regroup`: re-form the group even when no engine was replaced (a receiver changed)."""
         if info is None:
             info = rollout.replace_dead_engines.remote().result()
         if info["replaced"]:
@@ -142,6 +154,7 @@ class HealthManager:
             self.notifier.restart(
                 "engine", f"{info['replaced']} inference engine(s) replaced; engines now {info['urls']}"
             )
+        if info["replaced"] or regroup:
             actor.connect_engines.remote(info["urls"] + list(receivers or [])).result()
 
     def metrics(self) -> dict[str, float]:

@@ -1,17 +1,24 @@
 """StepFlow (the driver's sequencing of role calls) against in-process stand-ins for Serve handles: a
 failure of the running-ahead Rollout stops the next weight push before the Actor's weights go out, raised
 by the Rollout's own `prepare_weight_update` (the post-train checks no longer ask `check` separately),
-while the periodic `check` still asks the Rollout."""
+while the periodic `check` still asks the Rollout. A push broken by a dead ActorFwd weight receiver (a real
+closed port on loopback) restarts ActorFwd at once and retries with the new receiver in the group."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
 from relax.components.rollout import RolloutRole
+from relax.ops.notify import Notifier
 from relax.orchestration.async_loop import StepFlow
+from relax.orchestration.health import HealthManager
 
 
 class Response:
@@ -108,3 +115,129 @@ def test_a_failed_rollout_stops_the_push_before_the_weights_go_out():
     with pytest.raises(RuntimeError, match="engine gone"):
         f.check()  # the periodic check still asks the Rollout
     assert rollout.calls[-1] == "check"
+
+
+# -- a weight receiver beside the engines (ActorFwd) dies before a push --------------------------------
+
+ENGINE = "http://127.0.0.1:1"  # the engines' side of the group; the fakes never dial it
+
+
+class Healthy(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def live_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def dead_url():
+    with socket.socket() as s:  # a port that was free a moment ago and that nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+class GroupActor(FakeActor):
+    """Its push fails while the group holds a URL in `dead` (as the publisher's HTTP call to it does)."""
+
+    def __init__(self, group: list[str], dead: set[str], fail_once: bool = False) -> None:
+        super().__init__()
+        self.group, self.dead, self.fail_once = group, dead, fail_once
+
+    async def connect_engines(self, urls: list[str]) -> None:
+        self.group = list(urls)
+
+    async def push_weights(self) -> int:
+        if self.fail_once:
+            self.fail_once = False
+            raise RuntimeError("a transient failure")
+        gone = [u for u in self.group if u in self.dead]
+        if gone:
+            raise ConnectionError(f"inference engine at {gone[0]} is unreachable")
+        return await super().push_weights()
+
+    async def received_step(self) -> int:
+        return 2
+
+
+class ActorFwd:
+    def __init__(self, url: str) -> None:
+        self.url, self.started, self.trained = url, None, None
+
+    async def weight_url(self) -> str:
+        return self.url
+
+    async def start(self, first_step: int) -> None:
+        self.started = first_step
+
+    async def mark_trained(self, step: int) -> None:
+        self.trained = step
+
+    async def metrics(self, step: int) -> dict[str, float]:
+        return {}
+
+
+class EngineRollout(FakeRollout):
+    async def replace_dead_engines(self) -> dict:
+        return {"urls": [ENGINE], "replaced": 0}
+
+
+class Health(HealthManager):
+    """The real restart and engine bookkeeping; the heartbeat board is left out (no Ray here)."""
+
+    def __init__(self) -> None:
+        self.ops = SimpleNamespace(max_role_restarts=3)
+        self.notifier = Notifier([], "test")
+        self.known, self.role_restarts, self.engine_restarts = {}, {}, 0
+
+    def ask(self) -> None:
+        return None
+
+    def _snapshot(self, asked=None) -> dict:
+        return {}  # every role beats: the heartbeats have not noticed the dead receiver yet
+
+    def watch(self, names, timeout_s=0.0, *, replacing=None) -> None:
+        pass
+
+
+def receiver_flow(receiver: str, dead: set[str], replacement: str, fail_once: bool = False):
+    rollout = Handle(EngineRollout())
+    actor = Handle(GroupActor([ENGINE, receiver], dead, fail_once))
+    fwd = Handle(ActorFwd(receiver))
+    f = StepFlow("fully_async", {"rollout": rollout, "actor": actor, "actor_fwd": fwd}, Health())
+    new_fwd = Handle(ActorFwd(replacement))
+    f.redeploy = lambda name: new_fwd
+    return f, actor, fwd, new_fwd
+
+
+def test_a_push_broken_by_a_dead_actor_fwd_restarts_it_and_reaches_its_replacement(dead_url, live_url):
+    f, actor, fwd, new_fwd = receiver_flow(dead_url, {dead_url}, live_url)
+    f.train(2)
+    assert f.push_weights(2) == 1
+    f.settle()
+    assert f.health.role_restarts == {"actor_fwd": 1}
+    assert actor.target.group == [ENGINE, live_url]  # the retry's group holds the new receiver
+    assert f.receivers == [live_url]
+    assert new_fwd.target.started == 3  # after the step the Actor already holds
+    assert new_fwd.target.trained == 2  # it received this push's weights
+    assert fwd.target.trained is None
+
+
+def test_a_push_that_fails_with_every_receiver_answering_restarts_nothing(live_url):
+    f, actor, fwd, new_fwd = receiver_flow(live_url, set(), "http://127.0.0.1:2", fail_once=True)
+    f.train(2)
+    assert f.push_weights(2) == 1
+    f.settle()
+    assert f.health.role_restarts == {}
+    assert actor.calls.count("push_weights") == 2
+    assert "connect_engines" not in actor.calls  # nothing changed, so the group was not re-formed
+    assert fwd.target.trained == 2 and new_fwd.target.started is None
