@@ -1,7 +1,8 @@
 """The Triton decode kernels against PyTorch, on CUDA: attention (`decode_attention.py`: grouped query
 heads, per-row lengths over a strided view of the slot cache, one split and several, replayed in a CUDA
-graph), rotary embedding with the cache write (`rope_store.py`), and the engine's decode step with both
-against the same step in torch ops."""
+graph), the fused attention step (`attention_step.py`: row scale, bias, rotary embedding, cache write and
+attention), silu(gate) * up with the norm's row scale (`silu_mul.py`), and the engine's decode step with
+them against the same step in torch ops."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from relax.backends.inference.embedded import decode_attention as da
+from relax.backends.inference.embedded.attention_step import attention_step
 from relax.backends.inference.embedded.lean_decoder import _rotary
-from relax.backends.inference.embedded.rope_store import rope_store, silu_mul
+from relax.backends.inference.embedded.silu_mul import silu_mul
 
 CAN_RUN = torch.cuda.is_available() and da.available(torch.device("cuda"), torch.bfloat16, 64)
 gpu = pytest.mark.skipif(not CAN_RUN, reason="needs CUDA and Triton")
@@ -91,39 +93,114 @@ def test_replayed_in_a_cuda_graph_with_new_lengths():
     torch.testing.assert_close(out.float(), _reference(q, k, v, lengths, 0.125), atol=2e-2, rtol=2e-2)
 
 
-@gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rope_store_rotates_and_writes_the_cache(dtype):
-    N, Hq, Hk, D, S, C = 6, 14, 2, 64, 9, 128
-    gen = torch.Generator(device="cuda").manual_seed(1)
+def _step_case(N, Hq, Hk, D, L, dtype, norm, bias, gen):
+    """Inputs of `attention_step` as the lean decoder passes them (q/k and v views of one projection),
+    over a cache of random contents in which rows live in scattered slots."""
+    S, C, hidden = N + 5, L + 32, 96
     qkv = torch.randn(N, (Hq + 2 * Hk) * D, generator=gen, device="cuda").to(dtype)
-    qk = qkv[:, : (Hq + Hk) * D].unflatten(-1, (Hq + Hk, D))  # views, as the lean decoder's
+    qk = qkv[:, : (Hq + Hk) * D].unflatten(-1, (Hq + Hk, D))
     v = qkv[:, (Hq + Hk) * D :].unflatten(-1, (Hk, D))
     angle = torch.rand(N, D // 2, generator=gen, device="cuda") * 6
     cos = torch.cat([angle.cos(), angle.cos()], -1).to(dtype)
     sin = torch.cat([-angle.sin(), angle.sin()], -1).to(dtype)  # sin_signed
-    k_buf = torch.zeros(S, Hk, C, D, dtype=dtype, device="cuda")
-    v_buf = torch.zeros_like(k_buf)
-    rows = torch.tensor([0, 1, 2, 3, 7, 8], device="cuda")
-    pos = torch.tensor([0, 5, 127, 64, 3, 3], device="cuda")
-    q = rope_store(qk, v, cos, sin, k_buf, v_buf, rows, pos)
-    want = _rotary(qk.float(), cos.float()[:, None], sin.float()[:, None])
-    torch.testing.assert_close(q.float(), want[:, :Hq], atol=2e-2, rtol=1e-2)
-    torch.testing.assert_close(k_buf[rows, :, pos].float(), want[:, Hq:], atol=2e-2, rtol=1e-2)
-    assert torch.equal(v_buf[rows, :, pos], v)
-    written = torch.zeros(S, C, dtype=torch.bool, device="cuda")
-    written[rows, pos] = True
-    assert not k_buf.transpose(1, 2)[~written].any() and not v_buf.transpose(1, 2)[~written].any()
+    k_buf = torch.randn(S, Hk, C, D, generator=gen, device="cuda").to(dtype)
+    v_buf = torch.randn(S, Hk, C, D, generator=gen, device="cuda").to(dtype)
+    rows = torch.randperm(S, generator=gen, device="cuda")[:N]
+    lengths = torch.randint(1, L + 1, (N,), generator=gen, device="cuda")
+    lengths[0] = L
+    lengths[-1] = 1  # a row whose only column is the new one
+    x = torch.randn(N, hidden, generator=gen, device="cuda").to(dtype) * 3 if norm else None
+    b = torch.randn((Hq + 2 * Hk) * D, generator=gen, device="cuda").to(dtype) if bias else None
+    return qk, v, cos, sin, k_buf, v_buf, rows, lengths, x, b
+
+
+def _step_reference(qk, v, cos, sin, k_buf, v_buf, rows, lengths, L, scale, x, b, eps):
+    """What `attention_step` computes, in float32 torch ops: (output [N, Hq * D], new k, new v)."""
+    N, H, D = qk.shape
+    Hk = v.shape[1]
+    Hq = H - Hk
+    qkv = torch.cat([qk.flatten(1), v.flatten(1)], 1).float()
+    if x is not None:
+        qkv = qkv * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
+    if b is not None:
+        qkv = qkv + b.float()
+    rot = _rotary(qkv[:, : H * D].view(N, H, D), cos.float()[:, None], sin.float()[:, None])
+    q, k_new, v_new = rot[:, :Hq], rot[:, Hq:], qkv[:, H * D :].view(N, Hk, D)
+    kc, vc = k_buf[rows].float(), v_buf[rows].float()
+    at = torch.arange(N, device="cuda")
+    kc[at, :, lengths - 1] = k_new
+    vc[at, :, lengths - 1] = v_new
+    out = _reference(q.view(N, Hk, Hq // Hk, D), kc[:, :, :L], vc[:, :, :L], lengths, scale)
+    return out.reshape(N, Hq * D), k_new, v_new
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("norm,bias", [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize(
+    "N,Hq,Hk,D,L", [(256, 14, 2, 64, 384), (3, 14, 2, 64, 1000), (5, 4, 4, 128, 70), (16, 32, 8, 128, 257)]
+)
+def test_attention_step_rotates_writes_the_cache_and_attends(N, Hq, Hk, D, L, dtype, norm, bias):
+    gen = torch.Generator(device="cuda").manual_seed(N * 7 + L)
+    qk, v, cos, sin, k_buf, v_buf, rows, lengths, x, b = _step_case(N, Hq, Hk, D, L, dtype, norm, bias, gen)
+    k_before, v_before = k_buf.clone(), v_buf.clone()
+    want, k_new, v_new = _step_reference(qk, v, cos, sin, k_buf, v_buf, rows, lengths, L, D**-0.5, x, b, 1e-6)
+    got = attention_step(qk, v, cos, sin, k_buf, v_buf, rows, lengths, L, D**-0.5, x=x, bias=b, eps=1e-6)
+    assert got.shape == (N, Hq * D) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(k_buf[rows, :, lengths - 1].float(), k_new, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(v_buf[rows, :, lengths - 1].float(), v_new, atol=3e-2, rtol=2e-2)
+    written = torch.zeros(k_buf.shape[0], k_buf.shape[2], dtype=torch.bool, device="cuda")
+    written[rows, lengths - 1] = True
+    untouched = ~written[:, None, :].expand(-1, Hk, -1)
+    assert torch.equal(k_buf[untouched], k_before[untouched]) and torch.equal(
+        v_buf[untouched], v_before[untouched]
+    )
+
+
+@gpu
+def test_attention_step_replays_in_a_cuda_graph_with_new_lengths():
+    N, Hq, Hk, D, L = 8, 14, 2, 64, 512
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    qk, v, cos, sin, k_buf, v_buf, rows, lengths, x, b = _step_case(
+        N, Hq, Hk, D, L, torch.bfloat16, True, True, gen
+    )
+
+    def call():
+        return attention_step(qk, v, cos, sin, k_buf, v_buf, rows, lengths, L, 0.125, x=x, bias=b, eps=1e-6)
+
+    call()  # outside the capture: compiles
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        out = call()
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    lengths.copy_(torch.randint(1, L + 1, (N,), generator=gen, device="cuda"))
+    qk.copy_(torch.randn(qk.shape, generator=gen, device="cuda"))
+    want, _, _ = _step_reference(qk, v, cos, sin, k_buf, v_buf, rows, lengths, L, 0.125, x, b, 1e-6)
+    graph.replay()
+    torch.testing.assert_close(out.float(), want, atol=3e-2, rtol=3e-2)
+
+
+@gpu
+@pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("N,inner", [(256, 4864), (3, 100), (1, 2048), (16384, 4864)])
-def test_silu_mul(N, inner):
+def test_silu_mul(N, inner, norm):
     gen = torch.Generator(device="cuda").manual_seed(N)
     gate_up = torch.randn(N, 2 * inner + 16, generator=gen, device="cuda").to(torch.bfloat16)[:, : 2 * inner]
-    gate, up = gate_up.float().chunk(2, dim=-1)
+    x = (
+        torch.randn(N, 896 + 8, generator=gen, device="cuda").to(torch.bfloat16)[:, :896] * 4
+        if norm
+        else None
+    )
+    gu = gate_up.float()
+    if norm:
+        gu = gu * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-6)
+    gate, up = gu.chunk(2, dim=-1)
     want = F.silu(gate) * up
-    torch.testing.assert_close(silu_mul(gate_up).float(), want, atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(silu_mul(gate_up, x, 1e-6).float(), want, atol=2e-2, rtol=1e-2)
 
 
 @gpu

@@ -21,19 +21,33 @@ def run_steps(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tenso
     return logits
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["plain", "folded_norms"])
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_lean_matches_transformers(family, tmp_path):
+def test_lean_matches_transformers(family, fold, tmp_path):
+    """`fold`: the RMSNorm weights folded into the projections, as on CUDA with the Triton kernels (here
+    through the torch ops that apply the row scale after the product)."""
     model_dir = write_tiny_model(tmp_path / family, family=family, vocab_size=384)
     lean = ModelRunner(str(model_dir), dtype="float32")
     plain = ModelRunner(str(model_dir), dtype="float32", use_lean=False)
     assert lean.lean is not None and plain.lean is None
+    assert not lean.lean.fold_norms  # the CPU default
+    if fold:
+        lean.lean.fold_norms = True
+        lean.lean.refresh()
+        assert lean.lean.layers[0]["fold2"] and lean.lean.layers[0]["fold1"] == (family == "qwen2")
     prompts = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
     for a, b in zip(run_steps(lean, prompts), run_steps(plain, prompts), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    name = "model.layers.0.self_attn.q_proj.weight"
-    new = torch.randn_like(lean._params[name])
-    lean.load_weights([(name, new)])
-    plain.load_weights([(name, new)])
+    updates = [  # a projection and both norms: a folded copy must follow all three
+        (name, 1 + torch.randn_like(lean._params[name]) * (0.5 if "norm" in name else 1))
+        for name in (
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.input_layernorm.weight",
+            "model.layers.1.post_attention_layernorm.weight",
+        )
+    ]
+    lean.load_weights(updates)
+    plain.load_weights(updates)
     torch.testing.assert_close(
         run_steps(lean, prompts)[-1], run_steps(plain, prompts)[-1], atol=1e-4, rtol=1e-4
     )

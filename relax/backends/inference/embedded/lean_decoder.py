@@ -11,10 +11,14 @@ For one query token the query heads are grouped under their key/value head ([N, 
 grouped-query attention needs no repeated keys. Other architectures use the `transformers` forward.
 
 On CUDA in bf16 / fp16 (`triton_decode`, set where Triton runs; False falls back to the torch ops), a decode
-step's rotary embedding and cache write are one Triton kernel (`rope_store.py`), its attention another
-(`decode_attention.py`, by per-row lengths, so the step needs no mask) and the MLP's silu(gate) * up a
-third (in a prefill too, where its [tokens, intermediate] intermediate is largest): on an H200 at 256 rows
-the step fell from 2.75 to about 1.9 ms.
+step's attention is one Triton kernel (`attention_step.py`: the input RMSNorm's row scale, the q/k/v bias,
+rotary embedding, cache write and attention by per-row lengths, so the step needs no mask) and the MLP's
+silu(gate) * up with the post-attention RMSNorm's row scale another (`silu_mul.py`, in a prefill too).
+For that the two RMSNorm weights are folded into the fused q/k/v and gate/up weights (`fold_norms`, on
+where the Triton kernels run; not the q/k/v fold for Qwen3, whose per-head q/k norm follows the
+projection): RMSNorm(x) W^T = rsqrt(mean(x^2) + eps) * (x (W * g)^T), the row scale applied after the
+product. On an H200 at 256 rows the step fell from 2.75 to about 1.9 ms with the first kernels, and by a
+further ~0.2 ms with the folds and the single attention kernel.
 
 The rotary cos / sin come from a table of the model's own rotary embedding over positions 0..P-1: one
 lookup instead of about a dozen ops per step (on the CPU a small step's time is mostly per-op overhead;
@@ -33,7 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from relax.backends.inference.embedded import decode_attention
-from relax.backends.inference.embedded.rope_store import rope_store, silu_mul
+from relax.backends.inference.embedded.attention_step import attention_step
+from relax.backends.inference.embedded.silu_mul import silu_mul
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +50,11 @@ MAX_TABLE = 1 << 17  # positions of a CUDA rotary table (head size 128: 64 MiB i
 def _rms(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm in one kernel (float32 inside, one rounding; `transformers` rounds before the scale)."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _fold(weight: Tensor, norm_weight: Tensor) -> Tensor:
+    """weight [out, in] with an RMSNorm weight [in] folded in (each input column scaled), rounded once."""
+    return (weight.float() * norm_weight.float()).to(weight.dtype)
 
 
 def _rotary(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
@@ -72,10 +82,13 @@ class LeanDecoder:
         cfg = model.config
         if getattr(cfg, "model_type", None) not in SUPPORTED or getattr(cfg, "hidden_act", "silu") != "silu":
             return False
+        if getattr(cfg, "mlp_bias", False):  # Llama's optional MLP biases: the fused MLP has none
+            return False
         layers = getattr(model.get_decoder(), "layers", None)
         return bool(layers) and all(hasattr(layer.self_attn, "q_proj") for layer in layers)
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, fold_norms: bool | None = None) -> None:
+        """`fold_norms`: fold the RMSNorm weights into the projections (None: where `triton_decode`)."""
         self.body = model.get_decoder()
         cfg = model.config
         self.eps = float(cfg.rms_norm_eps)
@@ -83,33 +96,41 @@ class LeanDecoder:
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads)
         self.layers: list[dict[str, Any]] = []
+        # decode attention: the Triton kernels where they run (`attention_step.py`), else SDPA with a mask
+        self.triton_decode = decode_attention.available(
+            self.body.embed_tokens.weight.device, self.body.embed_tokens.weight.dtype, self.head_dim
+        )
+        self.fold_norms = self.triton_decode if fold_norms is None else fold_norms
         self.refresh()
         rope_type = getattr(self.body.rotary_emb, "rope_type", "default")
         self._rope_static = isinstance(rope_type, str) and not any(t in rope_type for t in DYNAMIC_ROPE)
         self._rope_table: Tensor | None = None  # [P, 2, D]: cos and sin_signed at positions 0..P-1
-        # decode attention: the Triton kernel where it runs (`decode_attention.py`), else SDPA with a mask
-        self.triton_decode = decode_attention.available(
-            self.body.embed_tokens.weight.device, self.body.embed_tokens.weight.dtype, self.head_dim
-        )
 
     @torch.no_grad()
     def refresh(self) -> None:
         """(Re)build the fused weights from the model's current parameters, in place when they exist
-        (captured CUDA graphs hold their addresses)."""
+        (captured CUDA graphs hold their addresses); with `fold_norms`, the RMSNorm weights folded in."""
         old, self.layers = self.layers, []
         for layer in self.body.layers:
             a, m = layer.self_attn, layer.mlp
             biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+            ln1, ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            qk_norm = self._qk_norm(a)
+            fold1 = self.fold_norms and qk_norm is None  # Qwen3's q/k norm needs the scaled projection
+            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            gate_up_w = torch.cat([m.gate_proj.weight, m.up_proj.weight])
             self.layers.append(
                 {
-                    "ln1": layer.input_layernorm.weight,
-                    "ln2": layer.post_attention_layernorm.weight,
-                    "qkv_w": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    "ln1": ln1,
+                    "ln2": ln2,
+                    "fold1": fold1,
+                    "fold2": self.fold_norms,
+                    "qkv_w": _fold(qkv_w, ln1) if fold1 else qkv_w,
                     "qkv_b": torch.cat(biases) if all(b is not None for b in biases) else None,
-                    "qk_norm": self._qk_norm(a),
+                    "qk_norm": qk_norm,
                     "o_w": a.o_proj.weight,
                     "o_b": a.o_proj.bias,
-                    "gate_up_w": torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                    "gate_up_w": _fold(gate_up_w, ln2) if self.fold_norms else gate_up_w,
                     "down_w": m.down_proj.weight,
                     "scaling": float(getattr(a, "scaling", self.head_dim**-0.5)),
                 }
@@ -179,19 +200,32 @@ class LeanDecoder:
         h = F.embedding(ids_NT, self.body.embed_tokens.weight)
         cos, sin_signed = self._cos_sin(h, pos_NT, T if mask is None else mask.shape[-1])  # [N, T, 1, D]
         qkv_split = [(Hq + Hk) * D, Hk * D]
+        triton_step = T == 1 and lengths_N is not None
         for i, w in enumerate(self.layers):
-            x = _rms(h, w["ln1"], self.eps)
-            qk, v = F.linear(x, w["qkv_w"], w["qkv_b"]).split(qkv_split, dim=-1)
+            qkv = self._qkv(h, w, scaled=not triton_step)
+            qk, v = qkv.split(qkv_split, dim=-1)
             qk = qk.unflatten(-1, (Hq + Hk, D))  # q and k heads side by side
             v = v.unflatten(-1, (Hk, D))
             if w["qk_norm"] is not None:
                 qk = _rms(qk, None, self.eps) * w["qk_norm"]
-            if T == 1 and lengths_N is not None:
-                o = self._triton_decode_attention(qk[:, 0], v[:, 0], cos, sin_signed, cache, i, lengths_N)
+            if triton_step:
+                o = self._triton_decode_attention(
+                    qk[:, 0], v[:, 0], cos, sin_signed, cache, i, lengths_N, h[:, 0]
+                )
             else:
                 o = self._torch_attention(qk, v, cos, sin_signed, mask, cache, i)
             h = self._mlp_block(h, o, w, fused=self.triton_decode)
         return _rms(h, self.body.norm.weight, self.eps)
+
+    def _qkv(self, h: Tensor, w: dict[str, Any], scaled: bool) -> Tensor:
+        """The fused q/k/v projection of the layer input h. With the input norm's weight folded in,
+        `scaled` normalises h first (RMSNorm without a weight: the same product) and adds the bias;
+        otherwise the product runs on h itself and the Triton step applies the row scale and bias."""
+        if not w["fold1"]:
+            return F.linear(_rms(h, w["ln1"], self.eps), w["qkv_w"], w["qkv_b"])
+        if scaled:
+            return F.linear(_rms(h, None, self.eps), w["qkv_w"], w["qkv_b"])
+        return F.linear(h, w["qkv_w"])
 
     def _torch_attention(
         self,
@@ -234,17 +268,19 @@ class LeanDecoder:
         cache: Any,
         layer: int,
         lengths_N: Tensor,
+        x: Tensor,
     ) -> Tensor:
-        """A decode step's attention in two Triton kernels: rotary embedding with the cache write, then
-        attention over each row's `lengths_N` columns. qk [N, Hq + Hk, D], v [N, Hk, D]; returns
+        """A decode step's attention in one Triton kernel (`attention_step.py`): the input norm's row
+        scale of x [N, hidden] and the bias where the norm is folded in, rotary embedding, the cache write
+        and attention over each row's `lengths_N` columns. qk [N, Hq + Hk, D], v [N, Hk, D]; returns
         [N, Hq * D]."""
-        N, Hq, Hk, D = qk.shape[0], self.heads, self.kv_heads, self.head_dim
-        k_buf, v_buf, rows_N, col_N, L = cache.decode_buffers(layer)
-        q = rope_store(qk, v, cos[:, 0, 0], sin_signed[:, 0, 0], k_buf, v_buf, rows_N, col_N)
-        q_g = q.view(N, Hk, Hq // Hk, D)  # query heads grouped under their kv head
-        scale = self.layers[layer]["scaling"]
-        o = decode_attention.decode_attention(q_g, k_buf[:N, :, :L], v_buf[:N, :, :L], lengths_N, scale)
-        return o.reshape(N, Hq * D)
+        w = self.layers[layer]
+        k_buf, v_buf, rows_N, _, L = cache.decode_buffers(layer)
+        fold = w["fold1"]
+        return attention_step(
+            qk, v, cos[:, 0, 0], sin_signed[:, 0, 0], k_buf, v_buf, rows_N, lengths_N, L, w["scaling"],
+            x=x if fold else None, bias=w["qkv_b"] if fold else None, eps=self.eps,
+        )  # fmt: skip
 
     def _mlp_block(self, h: Tensor, o: Tensor, w: dict[str, Any], fused: bool = False) -> Tensor:
         """The rest of a layer after attention: output projection into the residual, RMSNorm, gated MLP
@@ -255,12 +291,15 @@ class LeanDecoder:
             h.addmm_(o, w["o_w"].t())  # the residual add is the GEMM's accumulate
         else:
             h = h + F.linear(o, w["o_w"], w["o_b"])
-        x = _rms(h, w["ln2"], self.eps)
-        gate_up = F.linear(x, w["gate_up_w"])
-        if fused:
-            act = silu_mul(gate_up)
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate).mul_(up)
+        if fused and w["fold2"] and T == 1:  # a decode step: the norm's row scale inside the activation
+            act = silu_mul(F.linear(h, w["gate_up_w"]), h, self.eps)
+        else:  # a folded norm weight is in gate_up_w already
+            x = _rms(h, None if w["fold2"] else w["ln2"], self.eps)
+            gate_up = F.linear(x, w["gate_up_w"])
+            if fused:
+                act = silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = F.silu(gate).mul_(up)
         h.addmm_(act, w["down_w"].t())
         return h.view(N, T, H)
