@@ -1,7 +1,7 @@
 """The Triton decode kernels against PyTorch, on CUDA: attention (`decode_attention.py`: grouped query
 heads, per-row lengths over a strided view of the slot cache, one split and several, replayed in a CUDA
 graph), the fused attention step (`attention_step.py`: row scale, bias, rotary embedding, cache write and
-attention), silu(gate) * up with the norm's row scale (`silu_mul.py`), and the engine's decode step with
+attention), a prefill's rotary embedding with the cache write (`prefill_rope.py`), silu(gate) * up with the norm's row scale (`silu_mul.py`), and the engine's decode step with
 them against the same step in torch ops."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from relax.backends.inference.embedded import decode_attention as da
 from relax.backends.inference.embedded.attention_step import attention_step
 from relax.backends.inference.embedded.lean_decoder import _rotary
+from relax.backends.inference.embedded.prefill_rope import rope_prefill
 from relax.backends.inference.embedded.silu_mul import silu_mul
 
 CAN_RUN = torch.cuda.is_available() and da.available(torch.device("cuda"), torch.bfloat16, 64)
@@ -182,6 +183,34 @@ def test_attention_step_replays_in_a_cuda_graph_with_new_lengths():
     want, _, _ = _step_reference(qk, v, cos, sin, k_buf, v_buf, rows, lengths, L, 0.125, x, b, 1e-6)
     graph.replay()
     torch.testing.assert_close(out.float(), want, atol=3e-2, rtol=3e-2)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prefill_rope_rotates_in_place_and_writes_the_cache(dtype):
+    N, T, Hq, Hk, D, S, C = 3, 37, 14, 2, 64, 7, 64
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    qkv = torch.randn(N, T, (Hq + 2 * Hk) * D, generator=gen, device="cuda").to(dtype)
+    qk = qkv[..., : (Hq + Hk) * D].unflatten(-1, (Hq + Hk, D))  # views, as the lean decoder's
+    v = qkv[..., (Hq + Hk) * D :].unflatten(-1, (Hk, D))
+    angle = torch.rand(N, T, D // 2, generator=gen, device="cuda") * 6
+    cos = torch.cat([angle.cos(), angle.cos()], -1).to(dtype)
+    sin = torch.cat([-angle.sin(), angle.sin()], -1).to(dtype)  # sin_signed
+    want = _rotary(qk.float(), cos.float()[:, :, None], sin.float()[:, :, None])
+    v_before = v.clone()
+    k_buf = torch.zeros(S, Hk, C, D, dtype=dtype, device="cuda")
+    v_buf = torch.zeros_like(k_buf)
+    rows = torch.tensor([5, 0, 3], device="cuda")
+    rope_prefill(qk, v, cos, sin, k_buf, v_buf, rows)
+    torch.testing.assert_close(qk.float(), want, atol=2e-2, rtol=1e-2)  # rotated in place
+    assert torch.equal(v, v_before)
+    torch.testing.assert_close(
+        k_buf[rows, :, :T].float(), want[:, :, Hq:].transpose(1, 2), atol=2e-2, rtol=1e-2
+    )
+    assert torch.equal(v_buf[rows, :, :T], v.transpose(1, 2))
+    untouched = torch.ones(S, dtype=torch.bool, device="cuda")
+    untouched[rows] = False
+    assert not k_buf[untouched].any() and not k_buf[rows, :, T:].any() and not v_buf[untouched].any()
 
 
 @gpu

@@ -113,6 +113,11 @@ class SlotKVCache:
         self._rows = rows_B
         return self
 
+    def prefill_buffers(self, layer_idx: int) -> tuple[Tensor, Tensor, Tensor]:
+        """For a prefill that writes the cache itself (`prefill_rope`): the layer's key and value buffers
+        and the slot of each prompt."""
+        return self.keys[layer_idx], self.values[layer_idx], self._rows
+
     def decode_buffers(self, layer_idx: int) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
         """For a decode step that writes the cache itself (`rope_store`): the layer's key and value
         buffers, the slot and column each row writes, and the columns attended."""

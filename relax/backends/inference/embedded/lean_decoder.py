@@ -38,6 +38,7 @@ from torch import Tensor
 
 from relax.backends.inference.embedded import decode_attention
 from relax.backends.inference.embedded.attention_step import attention_step
+from relax.backends.inference.embedded.prefill_rope import rope_prefill
 from relax.backends.inference.embedded.silu_mul import silu_mul
 
 logger = logging.getLogger(__name__)
@@ -242,9 +243,15 @@ class LeanDecoder:
         N, T = qk.shape[:2]
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
         scale = self.layers[layer]["scaling"]
-        qk = _rotary(qk, cos, sin_signed)  # [N, T, Hq + Hk, D], contiguous
-        q, k = qk.split([Hq, Hk], dim=2)
-        k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), layer)  # [N, Hk, K, D]
+        if mask is None and self.triton_decode:  # a prefill on CUDA: rotary and cache write in one kernel
+            k_buf, v_buf, rows_N = cache.prefill_buffers(layer)
+            rope_prefill(qk, v, cos[:, :, 0], sin_signed[:, :, 0], k_buf, v_buf, rows_N)  # qk in place
+            q, k = qk.split([Hq, Hk], dim=2)
+            k_all, v_all = k.transpose(1, 2), v.transpose(1, 2)
+        else:
+            qk = _rotary(qk, cos, sin_signed)  # [N, T, Hq + Hk, D], contiguous
+            q, k = qk.split([Hq, Hk], dim=2)
+            k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), layer)  # [N, Hk, K, D]
         if T == 1 and mask is not None:  # decode: query heads grouped under their kv head (a view)
             return _attend_one(q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, mask, scale).reshape(N, Hq * D)
         # a prefill of right-padded prompts: causal when there is no mask (see `__call__`)
