@@ -117,7 +117,7 @@ class TrainerGroup:
 
         self.cfg = cfg
         n = cfg.num_ranks
-        gpus = gpus_per_rank if gpus_per_rank is not None else (1 if _wants_gpu(cfg) else 0)
+        gpus = gpus_per_rank if gpus_per_rank is not None else (1 if _wants_gpu(cfg, n) else 0)
         if gpu_group and gpus:  # colocate: rank r shares bundle r (one GPU) with engine r
             from relax.orchestration.gpus import bundle_options
 
@@ -253,9 +253,21 @@ class TrainerGroup:
         self.kill()
 
 
-def _wants_gpu(cfg: TrainerConfig) -> bool:
+def _wants_gpu(cfg: TrainerConfig, ranks: int) -> bool:
+    """Whether each of `ranks` ranks asks Ray for a GPU: `device: cuda` always; `auto` when the cluster
+    has a GPU for every rank. With fewer (2 ranks on a 1-GPU host) `auto` trains on the CPU over gloo
+    rather than wait for a placement that can never happen (NCCL refuses two ranks on one GPU);
+    `device: cuda` keeps asking, for a cluster that may still grow, and the placement wait says why."""
     if cfg.device != "auto":
         return cfg.device == "cuda"
     import ray
 
-    return ray.cluster_resources().get("GPU", 0) > 0
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if 0 < gpus < ranks:
+        logger.warning(
+            "trainer.device=auto: %d rank(s) but %g GPU(s) in the cluster, so the ranks train on the CPU; "
+            "set trainer.device=cuda to wait for GPUs, or trainer.num_ranks <= the GPUs",
+            ranks,
+            gpus,
+        )
+    return gpus >= ranks

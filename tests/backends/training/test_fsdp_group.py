@@ -172,3 +172,19 @@ def test_ranks_that_do_not_fit_say_so_and_fail(ray_cluster, monkeypatch, caplog)
     assert sum("not placed after" in r.getMessage() for r in caplog.records) >= 2
     assert placement_group_table(pg)["state"] == "REMOVED"
     assert ray.is_initialized()
+
+
+@pytest.mark.parametrize(
+    "device,gpus,ranks,want",
+    [("auto", 0, 2, False), ("auto", 1, 2, False), ("auto", 2, 2, True), ("cuda", 1, 2, True)],
+)
+def test_auto_device_asks_for_gpus_only_when_every_rank_gets_one(monkeypatch, device, gpus, ranks, want):
+    """2 ranks on a 1-GPU host under `auto` train on the CPU instead of waiting forever for a second GPU."""
+    import ray
+
+    from relax.distributed.actor_group import _wants_gpu
+
+    monkeypatch.setattr(
+        ray, "cluster_resources", lambda: {"CPU": 8.0, **({"GPU": float(gpus)} if gpus else {})}
+    )
+    assert _wants_gpu(TrainerConfig(device=device, num_ranks=ranks), ranks) is want
