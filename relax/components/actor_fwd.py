@@ -34,13 +34,14 @@ logger = logging.getLogger(__name__)
 
 
 def forward_log_probs(
-    model: torch.nn.Module, batch: TrainBatch, max_tokens: int, device: torch.device
+    model: torch.nn.Module, batch: TrainBatch, max_tokens: int, device: torch.device, pack: str = "auto"
 ) -> list:
-    """Per-sample response log-probs [R_i], forwarded in token-budgeted micro-batches."""
+    """Per-sample response log-probs [R_i], forwarded in token-budgeted micro-batches (packed into one
+    row each where `pack`, `trainer.pack_sequences`, says so)."""
     out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
     with torch.no_grad():
         for idx in pack_micro_batches(batch.seq_lens(), max_tokens):
-            logp_BT, _, rlen = response_log_probs(model, batch, idx, device, with_entropy=False)
+            logp_BT, _, rlen = response_log_probs(model, batch, idx, device, with_entropy=False, pack=pack)
             for row, i in enumerate(idx):
                 out[i] = logp_BT[row, : rlen[row]].cpu()
     return out
@@ -130,6 +131,7 @@ class ActorFwdRole(PlaneClient):
                 batch,
                 self.cfg.trainer.max_tokens_per_micro_batch,
                 self.device,
+                self.cfg.trainer.pack_sequences,
             )
             await self.plane.put_columns(partition, data.indexes, {self.column: tensor_column(logp)})
             done += len(data)

@@ -64,11 +64,19 @@ class TrainBatch:
 def pad_ragged(
     rows: list[list[float]] | list[torch.Tensor], length: int, dtype=torch.float32
 ) -> torch.Tensor:
-    """Right-pad ragged rows with zeros into a [len(rows), length] tensor."""
+    """Right-pad ragged rows with zeros into a [len(rows), length] tensor (rows longer than `length` are
+    cut). One tensor from all rows and one masked write, not a tensor per row."""
+    lens = [min(len(row), length) for row in rows]
     out = torch.zeros(len(rows), length, dtype=dtype)
-    for i, row in enumerate(rows):
-        t = torch.as_tensor(row, dtype=dtype)
-        out[i, : t.numel()] = t[:length]
+    if not rows or not sum(lens):
+        return out
+    if all(isinstance(row, torch.Tensor) for row in rows):
+        flat = torch.cat([row.reshape(-1)[:n] for row, n in zip(rows, lens, strict=True)]).to(dtype)
+    else:
+        flat = torch.tensor(
+            [x for row, n in zip(rows, lens, strict=True) for x in list(row)[:n]], dtype=dtype
+        )
+    out[torch.arange(length)[None, :] < torch.tensor(lens)[:, None]] = flat  # row-major: rows in order
     return out
 
 

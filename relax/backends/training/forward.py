@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from relax.backends.training import logprobs as lp
+from relax.backends.training.packing import packed_response_states, should_pack
 from relax.data.batch import TrainBatch
 from relax.models.multimodal_model import banned_token_ids, mask_media_logits, model_inputs
 
@@ -77,19 +78,32 @@ def left_align(x_BT: Tensor, response_lens: Tensor) -> Tensor:
     return torch.where(valid, x_BT.gather(1, src), torch.zeros((), dtype=x_BT.dtype, device=x_BT.device))
 
 
-def policy_forward(model: nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def policy_forward(
+    model: nn.Module, mb: MicroBatch, with_entropy: bool, pack: str = "auto"
+) -> tuple[Tensor, Tensor | None]:
     """Log-probs [B, T] (and entropy [B, T]) of the response tokens, with grad if grad is enabled.
     Rows with media also pass their tensors and the model's mrope positions.
 
     With a plain lm head (`logprobs.plain_head`) the model returns its decoder's hidden states and the
     head runs chunked over the response positions only (`logprobs.token_logprobs`); the entropy's
-    gradient is computed only if the loss uses it. Otherwise the model's own logits are used."""
+    gradient is computed only if the loss uses it. Otherwise the model's own logits are used. Text-only
+    micro-batches run packed into one row where `pack` (`trainer.pack_sequences`) says so."""
     kwargs: dict = {"position_ids": mb.position_ids}
     if mb.media:
         kwargs = model_inputs(model, mb.input_ids, mb.attention_mask, mb.media)
     head = lp.plain_head(model)
     if head is None:
         return _policy_forward_logits(model, mb, with_entropy, kwargs)
+    seq_lens = mb.attention_mask.sum(-1).cpu()
+    if not mb.media and should_pack(model, seq_lens.tolist(), pack):
+        ids_N = mb.input_ids[mb.attention_mask.bool()]  # row by row: the sequences one after another
+        states, targets, rows_M, cols_M = packed_response_states(model, ids_N, seq_lens, mb.response_lens)
+        logp_M, ent_M = lp.token_logprobs(
+            states, head.weight, targets, with_entropy=with_entropy, banned=banned_token_ids(model)
+        )
+        shape = (mb.input_ids.size(0), mb.T)
+        ent_BT = None if ent_M is None else lp.scatter_padded(ent_M, rows_M, cols_M, shape)
+        return lp.scatter_padded(logp_M, rows_M, cols_M, shape), ent_BT
     hidden_BLH = lp.decoder_hidden(model, input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs)
     rows_N, cols_N = lp.ragged_index(mb.response_lens)
     pos_N = mb.input_ids.size(1) - 1 - mb.response_lens[rows_N] + cols_N  # the state predicting pos_N + 1

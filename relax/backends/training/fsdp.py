@@ -204,9 +204,11 @@ class FSDPWorker:
                 result = fw.value_forward(model, mb)
             elif reference and self.cfg.lora is not None:
                 with self.model.disable_adapter():
-                    result = fw.policy_forward(model, mb, with_entropy=False)[0]
+                    result = fw.policy_forward(model, mb, with_entropy=False, pack=self.cfg.pack_sequences)[0]
             else:
-                logp, ent = fw.policy_forward(model, mb, with_entropy=what == "entropy")
+                logp, ent = fw.policy_forward(
+                    model, mb, with_entropy=what == "entropy", pack=self.cfg.pack_sequences
+                )
                 result = ent if what == "entropy" else logp
             for i, row in fw.split_rows(result, mb).items():
                 out[i] = row
@@ -276,7 +278,7 @@ class FSDPWorker:
                 out = (
                     fw.value_forward(self.model, mb)
                     if self.critic
-                    else fw.policy_forward(self.model, mb, False)[0]
+                    else fw.policy_forward(self.model, mb, False, self.cfg.pack_sequences)[0]
                 )
                 (out.sum() * 0.0).backward()
                 continue
@@ -322,7 +324,7 @@ class FSDPWorker:
                 global_num_seqs=seqs,
                 max_response_len=max_len,
             )
-        logp_BT, ent_BT = fw.policy_forward(self.model, mb, with_entropy=True)
+        logp_BT, ent_BT = fw.policy_forward(self.model, mb, with_entropy=True, pack=self.cfg.pack_sequences)
         return PolicyLossInputs(
             log_probs=logp_BT,
             old_log_probs=col(mini.old_log_probs),

@@ -135,3 +135,14 @@ def test_ratio_check_reads_the_first_optimizer_step(tiny_model_dir):
     m = tr.train_batch(b, loss)
     assert abs(m["staleness/first_mb_ratio_dev"] - (1 - math.exp(-0.5))) < 1e-4
     assert abs(m["staleness/first_mb_behaviour_ratio_dev"] - (math.exp(0.25) - 1)) < 1e-4
+
+
+def test_pad_ragged_pads_cuts_and_keeps_order():
+    from relax.data.batch import pad_ragged
+
+    rows = [[1.5, 2.0, 3.0], [], [4.0], [5.0, 6.0, 7.0, 8.0, 9.0]]
+    want = torch.tensor([[1.5, 2.0, 3.0, 0.0], [0, 0, 0, 0], [4.0, 0, 0, 0], [5.0, 6.0, 7.0, 8.0]])
+    assert torch.equal(pad_ragged(rows, 4), want)
+    assert torch.equal(pad_ragged([torch.tensor(r) for r in rows], 4), want)  # tensor rows alike
+    assert torch.equal(pad_ragged([[1, 2], [3]], 3, dtype=torch.long), torch.tensor([[1, 2, 0], [3, 0, 0]]))
+    assert pad_ragged([[], []], 2).abs().sum() == 0 and pad_ragged([], 3).shape == (0, 3)

@@ -1,0 +1,69 @@
+"""Sequence packing (`packing.py`): a packed forward gives the padded forward's response log-probs,
+entropy and gradients, in both forward paths (the in-process trainer's right-padded one and the FSDP
+ranks' left-padded one), and `auto` packs only where it pays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_torch_backend import make_batch
+
+from relax.backends.training import forward as fw
+from relax.backends.training.packing import DENSE_MAX_TOKENS, should_pack
+from relax.backends.training.torch_backend import response_log_probs
+from relax.models.multimodal_model import load_causal_lm
+from relax.models.tiny import write_tiny_model
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def model(request, tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param), family=request.param, vocab_size=512)
+    torch.manual_seed(0)
+    return load_causal_lm(path, dtype=torch.float32).train()
+
+
+def _grads(model, loss):
+    model.zero_grad()
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _compare(model, run):
+    """run(pack) -> (logp [B, T], entropy [B, T]); both modes agree, values and gradients."""
+    out = {}
+    for pack in ("off", "on"):
+        logp, ent = run(pack)
+        weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+        out[pack] = (logp.detach(), ent.detach(), _grads(model, (logp * weights).sum() + 0.1 * ent.sum()))
+    (lp0, e0, g0), (lp1, e1, g1) = out["off"], out["on"]
+    assert lp0.abs().sum() > 0 and (lp0 != 0).sum() == (lp1 != 0).sum()
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(e1, e0, atol=1e-5, rtol=1e-5)
+    assert g0.keys() == g1.keys() and len(g0) > 5
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_trainer_forward_matches_padded(model):
+    batch = make_batch(n=7, seed=3)  # prompts of 3-8 tokens, responses of 1-6
+    idx = [0, 2, 3, 4, 6]
+    _compare(model, lambda pack: response_log_probs(model, batch, idx, torch.device("cpu"), True, pack)[:2])
+
+
+def test_packed_fsdp_forward_matches_padded(model):
+    batch = make_batch(n=6, seed=4)
+    mb = fw.build_micro_batch(batch, [1, 2, 3, 5], torch.device("cpu"))
+    _compare(model, lambda pack: fw.policy_forward(model, mb, with_entropy=True, pack=pack))
+
+
+def test_auto_packs_only_where_it_pays(model):
+    assert should_pack(model, [10, 40, 12], "auto")  # 120 padded for 62 real tokens
+    assert not should_pack(model, [40, 38, 40], "auto")  # hardly any padding: the dense mask costs more
+    assert not should_pack(model, [DENSE_MAX_TOKENS, 10], "auto")  # an [N, N] mask too large for SDPA
+    assert should_pack(model, [40, 38, 40], "on") and not should_pack(model, [10, 40], "off")
+    before = model.config._attn_implementation
+    model.config._attn_implementation = "flash_attention_2"  # variable-length kernels: always
+    try:
+        assert should_pack(model, [DENSE_MAX_TOKENS, 10], "auto")
+    finally:
+        model.config._attn_implementation = before
