@@ -3,9 +3,13 @@
 The workload is the arithmetic toy task with a long-tailed response-length distribution: each prompt
 row carries its own response cap (`metadata.max_new_tokens`), drawn from a Pareto distribution (most
 groups stop after a few tokens, a few run to the global cap), so a step's rollout waits for its
-slowest groups. Rollout and training get separate CPU budgets (`rollout.engine_threads`,
-`trainer.threads`, one thread each by default): colocate alternates between them, the other modes
-overlap them within the staleness bound.
+slowest groups. Rollout and training get separate CPU budgets: by default (`--budgets pinned`) the
+rollout side (engine, Rollout, Advantages) is pinned to the first half of the host's CPUs and the
+training side (Actor, ActorFwd, Reference) to the second half (`resources.rollout_cpus`,
+`resources.training_cpus`), each with one torch thread (`rollout.engine_threads`, `trainer.threads`).
+Colocate alternates between the budgets, the other modes overlap them within the staleness bound.
+`--budgets threads` leaves the processes unpinned: only the torch thread counts are separate, and each
+side's Python work spills onto the other's cores.
 
     python benchmarks/modes.py --steps 20 --max-staleness 1
 
@@ -22,6 +26,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import random
 import statistics
 import tempfile
@@ -47,6 +52,21 @@ def long_tailed_data(path: Path, n: int, cap: int, alpha: float, seed: int) -> P
     return path
 
 
+def budget_overrides(budgets: str) -> list[str]:
+    """`pinned`: rollout on the first half of the CPUs this process may use, training on the rest."""
+    if budgets == "threads":
+        return []
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--budgets pinned needs 2 or more CPUs; use --budgets threads")
+    half = len(cpus) // 2
+    rollout, training = cpus[:half], cpus[half:]
+    return [
+        f"resources.rollout_cpus='{','.join(map(str, rollout))}'",
+        f"resources.training_cpus='{','.join(map(str, training))}'",
+    ]
+
+
 def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: Path) -> dict[str, float]:
     from relax.config import load_config
     from relax.orchestration.controller import Controller
@@ -70,6 +90,7 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
             f"rollout.batch_order={'step' if mode == 'colocate' else args.batch_order}",
             f"rollout.max_aborts={args.max_aborts}",
             f"rollout.partial_rollout_mode={args.partial_mode}",
+            f"rollout.over_provision={0 if mode == 'colocate' else args.over_provision}",
             f"algorithm.old_log_probs={args.old_log_probs}",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
@@ -77,6 +98,8 @@ def run_mode(mode: str, args: argparse.Namespace, model: Path, data: Path, out: 
             f"rollout.prompts_per_step={args.prompts}",
             "eval.sets=[]",
             "eval.before_train=false",
+            *budget_overrides(args.budgets),
+            *args.set,
         ],
     )
     window = StepWindow(cfg.run.run_dir / "metrics.jsonl", args.warmup, args.steps - 1) if args.cpu else None
@@ -113,6 +136,20 @@ def main() -> None:
     p.add_argument("--engine-threads", type=int, default=1)
     p.add_argument("--trainer-threads", type=int, default=1)
     p.add_argument("--data-plane", default="transferqueue", choices=["transferqueue", "ray"])
+    p.add_argument(
+        "--budgets",
+        choices=["pinned", "threads"],
+        default="pinned",
+        help="separate CPU budgets: pinned CPU sets (default) or only torch thread counts",
+    )
+    p.add_argument(
+        "--over-provision",
+        type=int,
+        default=0,
+        help="hybrid/fully_async with --batch-order completion: groups kept in flight beyond the steps' "
+        "(rollout.over_provision)",
+    )
+    p.add_argument("--set", action="append", default=[], help="extra config override key=value (repeatable)")
     p.add_argument("--partial-rollout", action="store_true")
     add_async_flags(p, batch_order="step", max_aborts=2)
     p.add_argument("--ray-cpus", type=int, default=8, help="logical CPUs declared to Ray")
@@ -137,8 +174,9 @@ def main() -> None:
     print(
         f"\nmodes benchmark: {args.steps} steps, max_staleness={args.max_staleness}, cap={args.cap}, "
         f"engine_threads={args.engine_threads}, trainer_threads={args.trainer_threads}, "
+        f"budgets={args.budgets} {budget_overrides(args.budgets)}, {args.set or ''}\n"
         f"data_plane={args.data_plane}, partial_rollout={args.partial_rollout} ({args.partial_mode}), "
-        f"batch_order={args.batch_order}, old_log_probs={args.old_log_probs}, repeats={args.repeats}"
+        f"batch_order={args.batch_order}, over_provision={args.over_provision}, old_log_probs={args.old_log_probs}, repeats={args.repeats}"
     )
     print(
         f"{'mode':<12} {'steps/min':>9} {'x colocate':>10} {'per round':>16} {'reward first':>12} "

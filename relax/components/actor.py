@@ -80,21 +80,22 @@ class ActorRole(PlaneClient):
         )
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
-        # Streaming modes can fetch step k+1's rows while step k trains: the rollout ran ahead, so they
-        # are usually there, and taking them (0.1-0.27 s a step on the H200 run) no longer waits for the
-        # update. Only where taking them needs no forward pass on the current weights (pi_old from the
-        # engine or from ActorFwd; no reference or critic in process), and by default only when the update
-        # runs in rank processes: with the in-process trainer the fetch shares the interpreter lock with
-        # the update and slowed it by a third on 2 CPU cores (0.19 -> 0.27-0.37 s a step).
+        # Streaming modes fetch step k+1's rows ahead: the rollout ran ahead, so they are usually there,
+        # and taking them (13-16 ms a step on 2 CPU cores; 0.1-0.27 s on the H200 run) leaves the step's
+        # critical path. Only where taking them needs no forward pass on the current weights (pi_old from
+        # the engine or from ActorFwd; no reference or critic in process). When the update runs in rank
+        # processes the fetch starts with it. With the in-process trainer it starts when the update ends
+        # and overlaps the weight push instead: during the update it would share the interpreter lock
+        # and slowed the update by a third on 2 CPU cores (0.19 -> 0.27-0.37 s a step).
         in_process_forward = (
             self.needs_reference or cfg.algorithm.old_log_probs != "rollout" or spec.needs_critic
         )
-        ahead = cfg.resources.fetch_ahead
-        if ahead is None:
-            ahead = isinstance(self.trainer, TrainerGroup)
+        ahead = cfg.resources.fetch_ahead is not False
         self.prefetch = (
             ahead and cfg.resources.mode in STREAMING_MODES and not (self.in_process and in_process_forward)
         )
+        self.fetch_with_update = isinstance(self.trainer, TrainerGroup)
+        self._clearing: asyncio.Task | None = None  # the last trained step's partition, cleared meanwhile
         self._next: tuple[int, asyncio.Task] | None = None  # (step, fetch of its columns)
 
     # -- training ----------------------------------------------------------------------------
@@ -106,15 +107,27 @@ class ActorRole(PlaneClient):
         times: dict[str, float] = {}
         with timer("wait_data", times):
             columns = await self._take(step, times)
-        if self.prefetch and step < self.cfg.trainer.num_steps:
+        last = step >= self.cfg.trainer.num_steps
+        if self.prefetch and self.fetch_with_update and not last:
             self._next = (step + 1, asyncio.create_task(self._fetch(step + 1, ahead=True)))
         with timer("decode", times):
             batch = batch_from_columns(columns)
         metrics = await asyncio.to_thread(self.train_sync, batch, times)
-        t0 = time.perf_counter()
-        await self.plane.clear(partition)
-        metrics["perf/actor_clear_s"] = time.perf_counter() - t0
+        if self.prefetch and not self.fetch_with_update and not last:
+            self._next = (step + 1, asyncio.create_task(self._fetch(step + 1)))
+        await self._cleared()
+        # Clearing takes a data-plane round trip (6-10 ms on 2 CPU cores): it runs while the driver pushes
+        # the weights, and the next `train` makes sure it ended. The last step's is awaited here.
+        self._clearing = asyncio.create_task(self.plane.clear(partition))
+        if last:
+            await self._cleared()
         return metrics
+
+    async def _cleared(self) -> None:
+        """Wait for the clearing of the previous step's partition (a failure is raised here)."""
+        clearing, self._clearing = self._clearing, None
+        if clearing is not None:
+            await clearing
 
     async def _take(self, step: int, times: dict[str, float]) -> dict[str, list]:
         """Step `step`'s columns: from the fetch started while the step before trained, or fetched now."""
@@ -131,9 +144,10 @@ class ActorRole(PlaneClient):
 
     async def _fetch(self, step: int, ahead: bool = False) -> tuple[dict[str, list], dict[str, float]]:
         """Wait for step `step`'s rows and take them (marks them consumed by the Actor). The driver sends
-        `train` without waiting for the Rollout, so a wait in `train` is on the step's critical path and
-        polls a polling plane at least every `ACTOR_POLL_S`; a fetch `ahead` (while the step before
-        trains) keeps the plane's slower default, like the stage roles that wait ahead."""
+        `train` without waiting for the Rollout, so a wait in `train` (or in a fetch that starts when the
+        update before it ends) is on the step's critical path and polls a polling plane at least every
+        `ACTOR_POLL_S`; a fetch `ahead` (started with the update before, in rank processes) keeps the
+        plane's slower default, like the stage roles that wait ahead."""
         total, partition = self.cfg.rollout.rows_per_step, partition_name(step)
         times: dict[str, float] = {}
         poll = None if ahead else ACTOR_POLL_S
@@ -286,6 +300,7 @@ def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | Trai
             cfg.trainer,
             gpus_per_rank=cfg.resources.trainer_gpus,
             gpu_group=cfg.resources.gpu_group,
+            cpus=cfg.resources.training_cpus,
             **kwargs,
         )
     return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)

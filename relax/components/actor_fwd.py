@@ -25,6 +25,7 @@ from relax.data.rows import tensor_column
 from relax.distributed.data_plane import (
     LOG_PROBS,
     REF_LOG_PROBS,
+    STAGE_POLL_S,
     DataPlane,
     PlaneClient,
     partition_name,
@@ -115,6 +116,7 @@ class ActorFwdRole(PlaneClient):
                 self.task,
                 min(chunk, total - done),
                 timeout_s=timeout_s,
+                poll_max_s=STAGE_POLL_S,
             )
             batch = TrainBatch(
                 prompt_ids=data.columns["prompt_ids"],

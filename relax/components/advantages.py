@@ -25,6 +25,7 @@ from relax.distributed.data_plane import (
     LOG_PROBS,
     REF_LOG_PROBS,
     RETURNS,
+    STAGE_POLL_S,
     DataPlane,
     PlaneClient,
     partition_name,
@@ -116,6 +117,7 @@ class AdvantagesRole(PlaneClient):
             self.task,
             r.rows_per_step,
             timeout_s=timeout_s,
+            poll_max_s=STAGE_POLL_S,
         )
         batch = advantage_inputs(data.columns, self.pi_old)
         metrics = await asyncio.to_thread(batch_advantages, self.cfg, batch, None)

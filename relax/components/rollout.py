@@ -31,6 +31,10 @@ from relax.rewards import build_scorer
 logger = logging.getLogger(__name__)
 
 
+async def _none() -> None:
+    return None
+
+
 class RolloutRole(PlaneClient):
     def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
         from transformers import AutoTokenizer
@@ -59,6 +63,7 @@ class RolloutRole(PlaneClient):
                 engine_kwargs,
                 num_gpus=cfg.resources.engine_gpus or 0.0,
                 gpu_group=cfg.resources.gpu_group,
+                cpus=cfg.resources.rollout_cpus,
             )
             urls = self.engine_group.urls
         self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
@@ -70,7 +75,9 @@ class RolloutRole(PlaneClient):
         self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))
         self.evaluator = Evaluator(cfg, self.loop)
         self.producer = StepProducer(cfg, self.loop, self.source)
-        self.assembler = StepAssembler(cfg.rollout.prompts_per_step, cfg.rollout.batch_order, self._write)
+        self.assembler = StepAssembler(
+            cfg.rollout.prompts_per_step, cfg.rollout.batch_order, self._write, cfg.rollout.over_provision
+        )
         self._writer: RowWriter | None = None  # groups finished together go out in one put
         # connected on first use (eval-only runs have no data plane)
         self._plane, self._plane_kind = plane, cfg.resources.data_plane
@@ -106,7 +113,10 @@ class RolloutRole(PlaneClient):
                 from relax.distributed.engine_group import RayEngineProvider
 
                 provider = RayEngineProvider(
-                    self.cfg.model.path, engine_kwargs, num_gpus=self.cfg.resources.engine_gpus or 0.0
+                    self.cfg.model.path,
+                    engine_kwargs,
+                    num_gpus=self.cfg.resources.engine_gpus or 0.0,
+                    cpus=self.cfg.resources.rollout_cpus,
                 )
         e = self.cfg.rollout.elastic
         self.elastic = ElasticManager(
@@ -157,7 +167,7 @@ class RolloutRole(PlaneClient):
         async def sink(group: list[Sample], stats: object) -> None:
             self._targets[step].add(await self.assembler.put(step, group, stats))
 
-        self._produced[step] = await self.producer.produce(step, sink)
+        self._produced[step] = await self.producer.produce(step, sink, self.assembler.quota())
         self._finished.add(step)
 
     def _ready(self, step: int) -> bool:
@@ -247,12 +257,16 @@ class RolloutRole(PlaneClient):
         `replace_dead`) `replace_dead_engines`, in one call: the driver's usual push takes three round
         trips (prepare, push, finish) instead of six (~8 ms each on 2 CPU cores).
         A failure of the running-ahead rollout is raised first (so the driver needs no separate
-        `check` between an update and its push).
+        `check` between an update and its push). Stopping generation and checking the engines run at
+        once: both wait on the engines (the aborted requests' answers; a /health probe), and the push
+        waits for both (22 -> 12 ms a push on 2 CPU cores).
         Returns {"plan": elastic_plan's answer, "replaced": replace_dead_engines' answer or None}."""
         await self.check()
-        await self.begin_weight_update()
         plan = await self.elastic_plan()
-        replaced = await self.replace_dead_engines() if replace_dead and plan is None else None
+        checking = replace_dead and plan is None
+        _, replaced = await asyncio.gather(
+            self.begin_weight_update(), self.replace_dead_engines() if checking else _none()
+        )
         return {"plan": plan, "replaced": replaced}
 
     async def finish_weight_update(self, trained_step: int, admit: bool) -> list[str]:

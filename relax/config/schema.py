@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relax.algorithms.config import AlgorithmConfig
 from relax.rewards.config import RewardConfig
@@ -218,6 +218,13 @@ class RolloutConfig(Section):
         "partial_rollout and a max_aborts above the steps a long response spans "
         "(relax/engine/step_assembler.py).",
     )
+    over_provision: int = Field(
+        0,
+        ge=0,
+        description="Completion order in hybrid/fully_async: keep this many prompt groups in flight beyond "
+        "what the started steps take, so a step trains on the first prompts_per_step groups to finish "
+        "(relax/engine/step_assembler.py). 0 = off.",
+    )
     mask_offpolicy_tokens: bool = Field(
         False,
         description="Partial rollout: loss mask 0 on tokens generated before the last abort or in-place update.",
@@ -355,9 +362,10 @@ class ResourcesConfig(Section):
     )
     fetch_ahead: bool | None = Field(
         None,
-        description="hybrid/fully_async: the Actor takes step k+1's rows while step k trains. None (auto) = "
-        "when the update runs in rank processes (fsdp, GPUs); not with the in-process trainer, whose update "
-        "the fetch would slow down (they share one interpreter lock).",
+        description="hybrid/fully_async: the Actor takes step k+1's rows before step k+1 starts: during step "
+        "k's update when it runs in rank processes (fsdp, GPUs), after it with the in-process trainer "
+        "(overlapping the weight push; during the update the fetch would share its interpreter lock). "
+        "None (auto) = on; false = off.",
     )
     debug_train_delay_s: float = Field(
         0.0, ge=0, description="Testing: the Actor sleeps this long before each update (a slow trainer)."
@@ -381,6 +389,16 @@ class ResourcesConfig(Section):
         None, ge=0, description="fully_async: GPUs of the ActorFwd and Reference roles each (None = auto)."
     )
     num_cpus: int = Field(8, gt=0, description="Logical CPUs declared to a locally started Ray.")
+    rollout_cpus: str | None = Field(
+        None,
+        description="CPU budget of rollout: pin the embedded engines, the Rollout role and Advantages to "
+        "these CPUs ('0', '0-3,8'; relax/utils/cpu_affinity.py). None = any CPU.",
+    )
+    training_cpus: str | None = Field(
+        None,
+        description="CPU budget of training: pin the Actor (and its ranks), ActorFwd and Reference to these "
+        "CPUs. None = any CPU.",
+    )
     gpu_group: str | None = Field(
         None,
         description="Named Ray placement group of one-GPU bundles shared by colocated engines and training "
@@ -391,6 +409,26 @@ class ResourcesConfig(Section):
     )
     ray_address: str | None = Field(None, description="Existing Ray cluster to join (None = start one).")
     object_store_mb: int = Field(1024, gt=0, description="Object store size of a locally started Ray.")
+
+    @field_validator("rollout_cpus", "training_cpus", mode="before")
+    @classmethod
+    def _cpu_number(cls, value: Any) -> Any:
+        """One CPU written as a number (YAML `0`; an override's value that looks like one reads as 0.0)."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+            return str(int(value))
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_lists_parse(self) -> ResourcesConfig:
+        from relax.utils.cpu_affinity import parse_cpu_list
+
+        for key in ("rollout_cpus", "training_cpus"):
+            if (value := getattr(self, key)) is not None:
+                try:
+                    parse_cpu_list(value)
+                except ValueError as e:
+                    raise ValueError(f"resources.{key}: {e}") from None
+        return self
 
 
 class WandbConfig(Section):
@@ -507,6 +545,14 @@ class RelaxConfig(Section):
             raise ValueError(
                 f"algorithm {self.algorithm.name!r} trains a critic, which runs in process on the Actor; "
                 "fully_async has no critic role: use resources.mode=hybrid (streaming) or colocate"
+            )
+        if self.rollout.over_provision and (
+            self.rollout.batch_order != "completion" or self.resources.mode == "colocate"
+        ):
+            raise ValueError(
+                f"rollout.over_provision={self.rollout.over_provision} sends surplus groups to later steps: it "
+                "needs rollout.batch_order=completion and resources.mode hybrid or fully_async (colocate "
+                "generates each step on request); set those, or rollout.over_provision=0"
             )
         if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(

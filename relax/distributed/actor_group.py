@@ -24,6 +24,7 @@ from relax.backends.training.base import LossFn
 from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker, merge_partials
 from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch
+from relax.utils.cpu_affinity import with_cpu_affinity
 from relax.utils.gc_freeze import with_frozen_startup
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class TrainerGroup:
         critic: bool = False,
         gpus_per_rank: float | None = None,
         gpu_group: str | None = None,
+        cpus: str | None = None,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -135,7 +137,10 @@ class TrainerGroup:
                 }
                 for r in range(n)
             ]
-        rank_cls = ray.remote(with_frozen_startup(FSDPWorker))  # each rank is its own process
+        # each rank is its own process, pinned to the training CPU budget when there is one
+        rank_cls = ray.remote(
+            with_frozen_startup(with_cpu_affinity(FSDPWorker, cpus, "resources.training_cpus"))
+        )
         if gpus and n > 1 and cfg.ranks_see_all_gpus:
             # Ray would narrow CUDA_VISIBLE_DEVICES to the rank's own GPU; NCCL then cannot use
             # peer-to-peer copies between ranks and goes through host memory (FSDP's gathers and

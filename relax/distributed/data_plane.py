@@ -28,6 +28,11 @@ logger = logging.getLogger(__name__)
 # that tells a long step (a long-reasoning rollout can take many minutes) from a stalled producer or rows
 # the sampler cannot serve.
 STALL_WARN_S = 300.0
+# fully_async: how often a stage role (ActorFwd, Reference, Advantages) polls a polling plane while it
+# waits for a step's rows. Its column is the last thing the Actor waits for, so the poll interval is on
+# the step's critical path: at the plane's default (up to 50 ms) Advantages saw a finished step 37 ms
+# later on average on 2 CPU cores, at 10 ms 12 ms later, for ~3 ms more CPU a step.
+STAGE_POLL_S = 0.01
 
 # -- columns, by producer ---------------------------------------------------------------------------
 ROLLOUT_COLUMNS = [  # Rollout: one row per sample

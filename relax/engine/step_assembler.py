@@ -8,9 +8,18 @@ flight, and a long response is trained by a later step instead of holding its ow
 the engines' throughput, not its longest response (the over-provisioned, first-finished batching of
 AReaL and of slime's partial rollout).
 
-Counting. Every started step's producer writes exactly ``prompts_per_step`` groups and every started
-step takes exactly that many, so when a group finishes some started step always has room, and each
-step gets its full count.
+Counting. Every started step's producer writes exactly its quota of groups (``quota()``) and every
+started step takes exactly ``prompts_per_step``; without over-provisioning the two match, so when a
+group finishes some started step always has room, and each step gets its full count.
+
+Over-provisioning (``rollout.over_provision: k``; completion order, streaming modes). The first step
+started draws ``prompts_per_step + k`` prompts and every later one ``prompts_per_step``, so k groups
+more than the started steps take are always in flight: a step is complete when the fastest
+``prompts_per_step`` of its candidates finish, not when its slowest one does, and the engines keep
+decoding the surplus while the gate holds the next step back. A surplus group that finishes while every
+started step is full waits here and goes to the next step that starts. With partial rollout the surplus
+continues across weight updates like any in-flight group (slime's over-sampling, AReaL's
+over-provisioned batches). The run's last k groups are left untrained.
 
 Staleness. The gate (relax/orchestration/staleness.py) still bounds how far *starting* a step runs
 ahead. A group trained after its own step was trained for as many extra updates as it spent decoding;
@@ -47,24 +56,48 @@ class _Step:
 class StepAssembler:
     """Routes finished groups to steps and says when a step's data is complete."""
 
-    def __init__(self, want: int, order: BatchOrder, write: Write) -> None:
+    def __init__(self, want: int, order: BatchOrder, write: Write, over_provision: int = 0) -> None:
         if order not in ("step", "completion"):
             raise ValueError(f"rollout.batch_order must be 'step' or 'completion', got {order!r}")
+        if over_provision and order != "completion":
+            raise ValueError("rollout.over_provision needs rollout.batch_order=completion")
         self.want, self.order, self.write = want, order, write
+        self.over_provision = over_provision
         self.steps: dict[int, _Step] = {}
+        self._quotas = 0  # producers given their quota
+        self._waiting: list[
+            asyncio.Future[int]
+        ] = []  # surplus groups that finished while every step was full
+
+    def quota(self) -> int:
+        """How many groups the next producer draws and writes: `want`, and `over_provision` more for the
+        first one."""
+        self._quotas += 1
+        return self.want + (self.over_provision if self._quotas == 1 else 0)
 
     def open(self, step: int) -> None:
-        """Step `step` started: its producer will write `want` groups, and it takes `want`."""
-        self.steps.setdefault(step, _Step())
+        """Step `step` started: it takes `want` groups, first the surplus groups waiting for a step."""
+        st = self.steps.setdefault(step, _Step())
+        while self._waiting and st.assigned < self.want:
+            waiting = self._waiting.pop(0)
+            if not waiting.done():  # done: its producer was cancelled
+                st.assigned += 1  # the slot is taken now; `put` completes the write
+                waiting.set_result(step)
 
-    def _target(self, origin: int) -> int:
+    def _target(self, origin: int) -> int | None:
         if self.order == "step":
             return origin
-        return min(s for s, st in self.steps.items() if st.assigned < self.want)
+        return min((s for s, st in self.steps.items() if st.assigned < self.want), default=None)
 
     async def put(self, origin: int, group: list[Sample], stats: Any) -> int:
-        """Write one finished group of step `origin`'s producer; returns the step it went to."""
+        """Write one finished group of step `origin`'s producer; returns the step it went to. A surplus
+        group that finds every started step full waits for the next step to start."""
         target = self._target(origin)
+        if target is None:
+            waiting = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiting)
+            target = await waiting
+            self.steps[target].assigned -= 1  # `open` took the slot; counted once more below
         st = self.steps[target]
         st.assigned += 1
         st.origins.add(origin)

@@ -53,12 +53,14 @@ class StepProducer:
         self.loop.after_scoring(samples)
         return samples, stats
 
-    async def produce(self, step: int, sink: GroupSink) -> dict[str, float]:
-        """Generate step `step`'s groups, writing each kept group through `sink`; returns the metrics."""
+    async def produce(self, step: int, sink: GroupSink, quota: int | None = None) -> dict[str, float]:
+        """Generate step `step`'s groups, writing each kept group through `sink`: `quota` of them
+        (default `prompts_per_step`; more when the rollout over-provisions). Returns the metrics."""
         algo = self.cfg.algorithm
-        want = self.cfg.rollout.prompts_per_step
+        want = quota or self.cfg.rollout.prompts_per_step
         rounds_max = algo.dynamic_sampling_max_rounds if algo.dynamic_sampling else 1
-        next_gid = step * want * rounds_max
+        r = self.cfg.rollout
+        next_gid = step * (r.prompts_per_step + r.over_provision) * rounds_max  # unique across quotas
         written, rounds, informative = 0, 0, 0
         generated: list[Sample] = []
         held: list[tuple[list[Sample], Any]] = []

@@ -68,6 +68,8 @@ class EngineSupervisor:
         replaced = 0
         for i, actor in enumerate(list(self.group.actors)):
             url = self.group.urls[i]
+            if health.get(url) is True:  # its server, inside the actor, answered just now: nothing to ping
+                continue
             alive = await asyncio.to_thread(self._ping, actor)
             if alive is not None and health.get(url, True):
                 continue

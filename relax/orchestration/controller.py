@@ -154,6 +154,7 @@ class Controller:
             num_cpus=spec.num_cpus,
             num_gpus=gpus.role_gpus(self.cfg, name),
             heartbeat_s=self.cfg.ops.heartbeat_interval_s,
+            cpus=getattr(self.cfg.resources, f"{spec.budget}_cpus") if spec.budget else None,
         )
 
     def _deploy(self, name: str, **override):

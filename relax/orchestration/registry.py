@@ -16,6 +16,8 @@ class RoleSpec:
     cls: type  # plain Python class deployed as a Serve deployment
     num_cpus: float  # logical CPUs reserved for the replica
     kwargs: dict = field(default_factory=dict)  # extra constructor arguments after the config
+    # CPU budget the replica is pinned to: "rollout" or "training" (`resources.<budget>_cpus`), None = any
+    budget: str | None = None
 
 
 def _colocate() -> list[RoleSpec]:
@@ -23,7 +25,10 @@ def _colocate() -> list[RoleSpec]:
     from relax.components.actor import ActorRole
     from relax.components.rollout import RolloutRole
 
-    return [RoleSpec("rollout", RolloutRole, 1.0), RoleSpec("actor", ActorRole, 1.0)]
+    return [
+        RoleSpec("rollout", RolloutRole, 1.0, budget="rollout"),
+        RoleSpec("actor", ActorRole, 1.0, budget="training"),
+    ]
 
 
 def _fully_async() -> list[RoleSpec]:
@@ -34,8 +39,8 @@ def _fully_async() -> list[RoleSpec]:
 
     return [
         *_colocate(),
-        RoleSpec("actor_fwd", ActorFwdRole, 1.0),
-        RoleSpec("advantages", AdvantagesRole, 0.5),
+        RoleSpec("actor_fwd", ActorFwdRole, 1.0, budget="training"),
+        RoleSpec("advantages", AdvantagesRole, 0.5, budget="rollout"),
     ]
 
 
@@ -57,9 +62,9 @@ def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
         if cfg.algorithm.old_log_probs == "rollout":  # pi_old is the rollout column: nothing to compute
             roles = [r for r in roles if r.name != "actor_fwd"]
         if needs_reference(cfg):
-            roles.append(RoleSpec("reference", ActorFwdRole, 1.0, {"reference": True}))
+            roles.append(RoleSpec("reference", ActorFwdRole, 1.0, {"reference": True}, budget="training"))
     if cfg is not None and cfg.reward.genrm is not None:
         from relax.components.genrm import GenRMRole
 
-        roles.append(RoleSpec("genrm", GenRMRole, cfg.reward.genrm.num_cpus))
+        roles.append(RoleSpec("genrm", GenRMRole, cfg.reward.genrm.num_cpus, budget="rollout"))
     return roles

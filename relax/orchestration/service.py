@@ -72,11 +72,14 @@ def _application(
     num_gpus: float,
     max_ongoing_requests: int,
     heartbeat_s: float | None,
+    cpus: str | None = None,
 ):
     from ray import serve
 
+    from relax.utils.cpu_affinity import with_cpu_affinity
     from relax.utils.gc_freeze import with_frozen_startup
 
+    cls = with_cpu_affinity(cls, cpus, f"CPU budget of role {name}")  # before the role starts threads
     cls = with_frozen_startup(cls)  # a replica is its own process: keep the collector off its start-up
     if heartbeat_s is not None:
         from relax.ops.heartbeat import with_heartbeat
@@ -127,6 +130,7 @@ class RoleDeployment:
     num_gpus: float = 0.0
     max_ongoing_requests: int = 16
     heartbeat_s: float | None = None
+    cpus: str | None = None  # pin the replica's process to these CPUs (relax/utils/cpu_affinity.py)
 
 
 def deploy_roles(roles: list[RoleDeployment]) -> dict[str, Any]:
@@ -139,31 +143,27 @@ def deploy_roles(roles: list[RoleDeployment]) -> dict[str, Any]:
     """
     from ray import serve
 
+    def app(r: RoleDeployment):
+        return _application(
+            r.name,
+            r.cls,
+            r.args,
+            r.kwargs,
+            r.num_cpus,
+            r.num_gpus,
+            r.max_ongoing_requests,
+            r.heartbeat_s,
+            r.cpus,
+        )
+
     run_many = getattr(serve, "run_many", None)
     if run_many is None or len(roles) < 2:
-        return {
-            r.name: deploy_role(
-                r.name,
-                r.cls,
-                *r.args,
-                num_cpus=r.num_cpus,
-                num_gpus=r.num_gpus,
-                max_ongoing_requests=r.max_ongoing_requests,
-                heartbeat_s=r.heartbeat_s,
-                **r.kwargs,
-            )
-            for r in roles
-        }
-    targets = [
-        serve.RunTarget(
-            _application(
-                r.name, r.cls, r.args, r.kwargs, r.num_cpus, r.num_gpus, r.max_ongoing_requests, r.heartbeat_s
-            ),
-            name=r.name,
-            route_prefix=None,
-        )
-        for r in roles
-    ]
+        handles = {}
+        for r in roles:
+            handles[r.name] = serve.run(app(r), name=r.name, route_prefix=None)
+            logger.info("role %s is up", r.name)
+        return handles
+    targets = [serve.RunTarget(app(r), name=r.name, route_prefix=None) for r in roles]
     handles = run_many(targets, wait_for_applications_running=True)
     logger.info("roles %s are up", ", ".join(r.name for r in roles))
     return {r.name: h for r, h in zip(roles, handles, strict=True)}

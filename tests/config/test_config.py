@@ -76,6 +76,23 @@ def test_cross_section_checks(cfg_file):
         )
 
 
+def test_over_provision_needs_completion_order_in_a_streaming_mode(cfg_file):
+    streaming = ["resources.mode=fully_async", "resources.max_staleness=1"]
+    with pytest.raises(ConfigError, match="over_provision=4.*batch_order=completion"):
+        load_config(cfg_file, ["rollout.over_provision=4", *streaming])
+    with pytest.raises(ConfigError, match="colocate generates each step on request"):
+        load_config(cfg_file, ["rollout.over_provision=4", "rollout.batch_order=completion"])
+    cfg = load_config(cfg_file, ["rollout.over_provision=4", "rollout.batch_order=completion", *streaming])
+    assert cfg.rollout.over_provision == 4
+
+
+def test_cpu_budgets_are_cpu_lists(cfg_file):
+    cfg = load_config(cfg_file, ["resources.rollout_cpus=0", "resources.training_cpus=1-3,5"])
+    assert (cfg.resources.rollout_cpus, cfg.resources.training_cpus) == ("0", "1-3,5")
+    with pytest.raises(ConfigError, match=r"resources.training_cpus: CPU list '1-x'.*like '0' or '0-3,8'"):
+        load_config(cfg_file, ["resources.training_cpus=1-x"])
+
+
 def test_missing_required_and_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump({"model": {"path": "m"}}))

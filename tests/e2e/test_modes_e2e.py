@@ -156,3 +156,43 @@ def test_completion_order_trains_long_groups_in_later_steps(
     # step 1 fills with the 12 short groups it drew and 4 short ones drawn by step 2 (answers <= 2 tokens)
     assert metrics[0]["rollout/response_len_mean"] <= 2.0, metrics
     assert metrics[-1]["rollout/response_len_mean"] > 2.0, metrics
+
+
+def test_over_provisioned_fully_async_on_cpu_budgets(ray_cluster, tiny_model_dir, arith_file, tmp_path):
+    """fully_async with `rollout.over_provision: 4` and the rollout and training roles pinned to CPU
+    budgets: the first producer draws 12 prompts for a step of 8, so step 1 trains on the 8 short groups
+    among them without waiting for the long ones (slow to score), which train in later steps; every step
+    still trains on exactly 8 groups."""
+    import os
+
+    rows = [json.loads(line) for line in arith_file.read_text().splitlines()]
+    data = tmp_path / "tailed.jsonl"
+    with data.open("w") as fh:
+        for i, row in enumerate(rows):
+            long = i % 4 == 0
+            fh.write(
+                json.dumps({**row, "metadata": {"max_new_tokens": 24 if long else 2, "slow": long}}) + "\n"
+            )
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    extra = [
+        f"data.train_files=[{data}]",
+        "data.shuffle=false",
+        "rollout.max_new_tokens=24",
+        "rollout.prompts_per_step=8",
+        "rollout.batch_order=completion",
+        "rollout.over_provision=4",
+        "rollout.partial_rollout=true",
+        "rollout.max_aborts=8",
+        "algorithm.old_log_probs=rollout",
+        "reward.name=tests.e2e.reward_fns:slow_on_long_rows",
+        "reward.kwargs={delay_s: 1.0}",
+        "reward.max_concurrency=256",
+        f"resources.rollout_cpus='{cpus[0]}'",
+        f"resources.training_cpus='{cpus[-1]}'",
+    ]
+    cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "fully_async", steps=4, extra=extra)
+    assert Controller(cfg).run() == 4
+    metrics = read_metrics(cfg)
+    assert [r["rollout/num_samples"] for r in metrics] == [8 * 8] * 4
+    assert metrics[0]["rollout/response_len_mean"] <= 2.0, metrics  # the 8 fastest of 12: all short
+    assert sum(r["rollout/carried_groups"] for r in metrics) > 0, metrics

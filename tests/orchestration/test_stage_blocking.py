@@ -145,12 +145,15 @@ def test_rollout_log_probs_as_pi_old_need_temperature_one(tiny_model_dir, arith_
         )
 
 
-def test_actor_takes_the_next_steps_rows_while_it_trains(cfg):
-    """Streaming modes: while step 1 trains (slowed down), the Actor already takes step 2's rows (as soon
-    as they are complete), so step 2 does not wait for them; it reports holding step 2 (a restarted stage
-    role starts after it); nothing is fetched past the last step."""
+@pytest.mark.parametrize("with_update", [True, False])
+def test_actor_takes_the_next_steps_rows_ahead(cfg, with_update):
+    """Streaming modes: the Actor takes step 2's rows before `train(2)` asks for them, so step 2 does not
+    wait for them. With the update in rank processes (`fetch_with_update`) the fetch runs while step 1
+    trains; with the in-process trainer it starts when step 1's update ends (and overlaps the weight push).
+    The Actor reports holding step 2 (a restarted stage role starts after it); nothing is fetched past the
+    last step, and every trained partition is cleared."""
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0, "old_log_probs": "rollout"})
-    res = cfg.resources.model_copy(update={"debug_train_delay_s": 1.0, "fetch_ahead": True})
+    res = cfg.resources.model_copy(update={"debug_train_delay_s": 1.0})
     trainer = cfg.trainer.model_copy(update={"num_steps": 2})
     cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
 
@@ -164,11 +167,10 @@ def test_actor_takes_the_next_steps_rows_while_it_trains(cfg):
     async def main():
         plane = LocalDataPlane()
         actor = ActorRole(cfg, plane=plane)
-        assert actor.prefetch
-        assert not ActorRole(
-            cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"fetch_ahead": None})}),
-            plane=plane,
-        ).prefetch  # auto: not with the in-process trainer
+        assert actor.prefetch and not actor.fetch_with_update  # auto: on; the in-process trainer's way
+        off = cfg.resources.model_copy(update={"fetch_ahead": False})
+        assert not ActorRole(cfg.model_copy(update={"resources": off}), plane=plane).prefetch
+        actor.fetch_with_update = with_update
         await put_step(plane, 1)
         train = asyncio.create_task(actor.train(1))
         await asyncio.sleep(0.3)  # step 1 is in its update
@@ -176,11 +178,13 @@ def test_actor_takes_the_next_steps_rows_while_it_trains(cfg):
         await put_step(plane, 2)  # completes while step 1 trains
         await asyncio.sleep(0.3)
         assert not train.done()
-        assert actor.received_step() == 2 and plane.status("train_2")["consumed"] == {"actor": 4}
+        assert actor.received_step() == (2 if with_update else 1)
         await asyncio.wait_for(train, 60)
+        await asyncio.sleep(0.3)  # the driver would be pushing the weights now
+        assert actor.received_step() == 2 and plane.status("train_2")["consumed"] == {"actor": 4}
         metrics = await asyncio.wait_for(actor.train(2), 60)
         assert actor.trainer.step == 2 and metrics["perf/actor_wait_data_s"] < 0.2
         assert actor._next is None  # step 2 is the last one: nothing fetched ahead
-        assert plane.status("train_2") == {"rows": 0}
+        assert plane.status("train_1") == plane.status("train_2") == {"rows": 0}
 
     asyncio.run(main())
