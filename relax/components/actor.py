@@ -35,7 +35,7 @@ from relax.distributed.data_plane import (
 from relax.distributed.samplers import balance_partitions
 from relax.distributed.weight_publisher import WeightPublisher
 from relax.distributed.weight_sync import without_tied
-from relax.orchestration.registry import STREAMING_MODES
+from relax.orchestration.registry import STREAMING_MODES, overlaps_push
 from relax.orchestration.staleness import staleness_metrics
 from relax.utils.timer import timer
 
@@ -95,6 +95,9 @@ class ActorRole(PlaneClient):
             ahead and cfg.resources.mode in STREAMING_MODES and not (self.in_process and in_process_forward)
         )
         self.fetch_with_update = isinstance(self.trainer, TrainerGroup)
+        # overlap_push: the weights each update ended with, by version, until the push of the next
+        self.overlap_push = overlaps_push(cfg)
+        self._kept: dict[int, list[tuple[str, torch.Tensor]]] = {}
         self._clearing: asyncio.Task | None = None  # the last trained step's partition, cleared meanwhile
         self._next: tuple[int, asyncio.Task] | None = None  # (step, fetch of its columns)
 
@@ -113,6 +116,8 @@ class ActorRole(PlaneClient):
         with timer("decode", times):
             batch = batch_from_columns(columns)
         metrics = await asyncio.to_thread(self.train_sync, batch, times)
+        if self.overlap_push:
+            await asyncio.to_thread(self._keep_weights)
         if self.prefetch and not self.fetch_with_update and not last:
             self._next = (step + 1, asyncio.create_task(self._fetch(step + 1)))
         await self._cleared()
@@ -237,9 +242,21 @@ class ActorRole(PlaneClient):
         else:
             await self.publisher.connect(urls)
 
-    async def push_weights(self) -> int:
-        """Publish the current weights to every engine; returns the version they now report."""
-        version = self.trainer.step
+    def _keep_weights(self) -> None:
+        """overlap_push: copy the weights this update ended with; the driver pushes them while the next
+        update changes the live ones. The two newest versions are kept (a push retried after a failure
+        sends the same copy)."""
+        named = [(n, t.detach().clone()) for n, t in without_tied(self.trainer.named_weights())]
+        self._kept[self.trainer.step] = named
+        for old in sorted(self._kept)[:-2]:
+            del self._kept[old]
+
+    async def push_weights(self, version: int | None = None) -> int:
+        """Publish weights to every engine; returns the version they now report. `version`: the copy
+        kept when that update ended (overlap_push: the next update may be running); without one, the
+        current weights."""
+        kept = self._kept.get(version) if version is not None else None
+        version = version if kept is not None else self.trainer.step
         if isinstance(self.trainer, TrainerGroup):
             mode = _sync_mode(self.cfg)
             self.sync_stats = await asyncio.to_thread(
@@ -247,7 +264,7 @@ class ActorRole(PlaneClient):
             )
             self.sync_stats.pop("tensors", None)
         else:
-            named = without_tied(self.trainer.named_weights())
+            named = kept if kept is not None else without_tied(self.trainer.named_weights())
             seconds = await self.publisher.publish(named, version)
             nbytes = sum(t.numel() * t.element_size() for _, t in named)
             self.sync_stats = {"perf/weight_sync_bytes": float(nbytes), "perf/weight_publish_s": seconds}

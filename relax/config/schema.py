@@ -367,6 +367,12 @@ class ResourcesConfig(Section):
         "(overlapping the weight push; during the update the fetch would share its interpreter lock). "
         "None (auto) = on; false = off.",
     )
+    overlap_push: bool | None = Field(
+        None,
+        description="hybrid/fully_async: the Actor starts step k+1's update while step k's weights are pushed, "
+        "publishing a copy of them kept when step k's update ended (one more copy of the weights in "
+        "memory). None (auto) = with the in-process trainer; the fsdp ranks publish their live shards.",
+    )
     debug_train_delay_s: float = Field(
         0.0, ge=0, description="Testing: the Actor sleeps this long before each update (a slow trainer)."
     )
@@ -553,6 +559,11 @@ class RelaxConfig(Section):
                 f"rollout.over_provision={self.rollout.over_provision} sends surplus groups to later steps: it "
                 "needs rollout.batch_order=completion and resources.mode hybrid or fully_async (colocate "
                 "generates each step on request); set those, or rollout.over_provision=0"
+            )
+        if self.resources.overlap_push and self.trainer.uses_group:
+            raise ValueError(
+                "resources.overlap_push=true needs the in-process trainer: the fsdp ranks publish their live "
+                "shards, which the next update would change mid-push; leave resources.overlap_push unset"
             )
         if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(

@@ -31,7 +31,9 @@ STALL_WARN_S = 300.0
 # fully_async: how often a stage role (ActorFwd, Reference, Advantages) polls a polling plane while it
 # waits for a step's rows. Its column is the last thing the Actor waits for, so the poll interval is on
 # the step's critical path: at the plane's default (up to 50 ms) Advantages saw a finished step 37 ms
-# later on average on 2 CPU cores, at 10 ms 12 ms later, for ~3 ms more CPU a step.
+# later on average on 2 CPU cores, at 10 ms 12 ms later. Each poll is a controller round trip (~1 ms of
+# CPU on both sides), so a role that waits a whole step for its rows first sleeps through part of the
+# wait it had last step (`quiet_s` of `DataPlane.get`).
 STAGE_POLL_S = 0.01
 
 # -- columns, by producer ---------------------------------------------------------------------------
@@ -87,11 +89,13 @@ class DataPlane(Protocol):
         num_ranks: int = 1,
         timeout_s: float | None = None,
         poll_max_s: float | None = None,
+        quiet_s: float = 0.0,
     ) -> DataBatch:
         """Block until the sampler can hand `task` `batch_size` rows holding all `columns`; mark them
         consumed by `task`. Raises `TimeoutError` after `timeout_s`. `poll_max_s`: a plane that polls
         (TransferQueue) polls at least this often, for a consumer whose wait is on the critical path;
-        event-driven planes ignore it."""
+        `quiet_s`: such a plane waits this long after a first poll that finds too few rows before it
+        polls again (a consumer that expects them no sooner). Event-driven planes ignore both."""
 
     async def clear(self, partition: str) -> None:
         """Forget a partition (rows, columns, consumption)."""
@@ -165,6 +169,7 @@ class LocalDataPlane:
         num_ranks: int = 1,
         timeout_s: float | None = None,
         poll_max_s: float | None = None,  # woken by every write: nothing to poll
+        quiet_s: float = 0.0,
     ) -> DataBatch:
         async def wait() -> DataBatch:
             started = warned = time.monotonic()

@@ -222,6 +222,7 @@ class TransferQueueDataPlane:
         num_ranks: int = 1,
         timeout_s: float | None = None,
         poll_max_s: float | None = None,
+        quiet_s: float = 0.0,
     ) -> DataBatch:
         config = {"sampler": sampler, "num_ranks": num_ranks}
         fields = sorted({ROWS_FIELD if c in ROW_COLUMNS else c for c in columns})
@@ -241,6 +242,10 @@ class TransferQueueDataPlane:
             )
             if meta.size:
                 break
+            if quiet_s:  # the consumer expects the rows no sooner: the fast polls start after this
+                await asyncio.sleep(quiet_s)
+                quiet_s = 0.0
+                continue
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(
                     f"data plane: {task!r} waited {timeout_s}s for {batch_size} rows with {columns} "

@@ -55,6 +55,11 @@ class StepFlow:
         self._after: Callable[[], dict[str, float]] | None = None  # the post-train checks, asked not read
         self._checked_at = -math.inf  # when the background roles were last checked (monotonic)
         self.step_metrics: dict[str, float] = {}  # the stage roles' metrics of the last trained step
+        # overlap_push (relax/orchestration/registry.py): the next update is sent before the push, which
+        # then sends the copy of the weights the Actor kept for the trained step
+        self.overlap = False
+        self._ahead: tuple[int, Any] | None = None  # (step, its `train` response) sent ahead
+        self._pushing = 0  # the trained step whose weights the push in progress sends
 
     def start(self, first_step: int) -> None:
         """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
@@ -77,6 +82,7 @@ class StepFlow:
         The checks that `train` asked for after the update are read while the prepare runs, before the
         Actor's weights go out (an Actor replaced while it trained must not push fresh weights)."""
         self.settle()
+        self._pushing = trained_step
         admit = False
         preparing = self.rollout.prepare_weight_update.remote(self.health is not None)
         try:
@@ -98,6 +104,11 @@ class StepFlow:
         finally:
             self._finishing = self.rollout.finish_weight_update.remote(trained_step, admit)
         return version
+
+    def _actor_push(self) -> int:
+        if self.overlap:  # the update after it may be running: the copy kept for the trained step
+            return self.actor.push_weights.remote(self._pushing).result()
+        return self.actor.push_weights.remote().result()
 
     def settle(self) -> None:
         """Wait for the last push's `finish_weight_update` (generation resumed, step counted consumed)."""
@@ -127,17 +138,17 @@ class StepFlow:
         breaks is retried once on the re-formed group. The replaced engines are admitted afterwards by
         `finish_weight_update`."""
         if self.health is None:
-            return self.actor.push_weights.remote().result()
+            return self._actor_push()
         self.health.engines_before_push(self.rollout, self.actor, self.receivers, replaced)
         try:
-            return self.actor.push_weights.remote().result()
+            return self._actor_push()
         except Exception:
             logger.exception("weight push failed; checking the engines and ActorFwd, then pushing again")
         self._restart_dead_receivers()
         # asks the Rollout again; a restarted ActorFwd's new receiver joins the group here
         self.health.engines_before_push(self.rollout, self.actor, self.receivers, regroup=self._regroup)
         self._regroup = False
-        return self.actor.push_weights.remote().result()
+        return self._actor_push()
 
     def _restart_dead_receivers(self) -> None:
         """ActorFwd's weight receiver is in the push's group like an engine; one that does not answer
@@ -159,7 +170,8 @@ class StepFlow:
         Rollout's `prepare_weight_update`, which raises the Rollout's failure) they overlap;
         `step_metrics` then holds the stage roles' metrics."""
         self.training_step = step
-        response = self.actor.train.remote(step)
+        ahead, self._ahead = self._ahead, None
+        response = ahead[1] if ahead is not None and ahead[0] == step else self.actor.train.remote(step)
         while True:
             try:
                 metrics = response.result(timeout_s=POLL_S)
@@ -168,6 +180,17 @@ class StepFlow:
                 self.check()
         self._after = self._ask_checks(step, rollout=False)  # the push's prepare raises its failure
         return metrics
+
+    def train_ahead(self, step: int) -> None:
+        """overlap_push: send step `step`'s update now, before the push of the step before; `train(step)`
+        then waits for this one. It is the step in training from now on (a stage role restarted during
+        the push continues from it)."""
+        self._ahead = (step, self.actor.train.remote(step))
+        self.training_step = step
+
+    @property
+    def training_ahead(self) -> bool:
+        return self._ahead is not None
 
     def _ask_checks(self, step: int, rollout: bool = True) -> Callable[[], dict[str, float]]:
         """Send the background checks now; the returned function reads them (raising a failure) and

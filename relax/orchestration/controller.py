@@ -29,7 +29,7 @@ from relax.orchestration.async_loop import POLL_S, StepFlow
 from relax.orchestration.health import HealthManager
 from relax.orchestration.progress import Progress
 from relax.orchestration.recovery import run_with_restarts
-from relax.orchestration.registry import RoleSpec, roles_for_mode
+from relax.orchestration.registry import RoleSpec, overlaps_push, roles_for_mode
 from relax.utils.timer import timer
 
 SUMMARY = ("rollout/reward_mean", "train/loss", "health/role_restarts", "health/engine_restarts")
@@ -141,6 +141,7 @@ class Controller:
         )
         self.flow = StepFlow(r.mode, self.handles, self.health)
         self.flow.redeploy = self._redeploy
+        self.flow.overlap = overlaps_push(self.cfg)
         urls = self.rollout.engine_urls.remote().result()
         self.actor.connect_engines.remote(urls + self.flow.receivers).result()
 
@@ -197,7 +198,8 @@ class Controller:
         try:
             if ev.sets and ev.before_train and step == 0:
                 self.metrics.flush.remote(0, self._evaluate(0)).result()
-            while step < cfg.trainer.num_steps and not self.stop_requested:
+            # a stop request ends the loop once no update sent ahead (overlap_push) is left unpushed
+            while step < cfg.trainer.num_steps and (not self.stop_requested or self.flow.training_ahead):
                 # restarts failed stateless roles; a lost Actor ends the attempt. The last step's
                 # post-train checks (read during its push) count when they are recent.
                 self.flow.check(max_age_s=POLL_S)
@@ -211,6 +213,8 @@ class Controller:
                             rollout_metrics = self.rollout.generate.remote(step + 1).result()
                     with phases.phase("train"):
                         train_metrics = self.flow.train(step + 1)
+                    if self._may_train_ahead(step + 2):  # overlap_push: step + 2 trains during the push
+                        self.flow.train_ahead(step + 2)
                     if self.flow.streaming:
                         rollout_metrics = rollout_pending.result()
                     with phases.phase("weight_sync"):
@@ -247,6 +251,15 @@ class Controller:
             except Exception:  # noqa: BLE001 - the metrics role is gone; the step's error is raised
                 logger.exception("the last metrics flush failed")
         return step
+
+    def _may_train_ahead(self, step: int) -> bool:
+        """overlap_push: whether step `step`'s update may start before the step before it is pushed. Not
+        past the last step, after a stop request, nor when a checkpoint follows the step before (it
+        saves the Actor as that step left it)."""
+        cfg = self.cfg
+        interval, before = cfg.ops.checkpoint_interval, step - 1
+        saves = bool(interval) and before % interval == 0
+        return self.flow.overlap and step <= cfg.trainer.num_steps and not self.stop_requested and not saves
 
     def _settle_flush(self) -> None:
         """Wait for the last step's metrics to be written (raising the metrics role's error)."""

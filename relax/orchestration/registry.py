@@ -50,6 +50,16 @@ MODES = {"colocate": _colocate, "hybrid": _colocate, "fully_async": _fully_async
 STREAMING_MODES = {"hybrid", "fully_async"}
 
 
+def overlaps_push(cfg: RelaxConfig) -> bool:
+    """Whether step k+1's update starts while step k's weights are pushed (`resources.overlap_push`):
+    streaming modes only (colocate's next rollout needs the pushed weights first); by default with the
+    in-process trainer, which publishes a copy of its weights kept when the update ended."""
+    if cfg.resources.mode not in STREAMING_MODES:
+        return False
+    setting = cfg.resources.overlap_push
+    return not cfg.trainer.uses_group if setting is None else setting
+
+
 def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
     """The roles `mode` deploys, plus the GenRM judge service when `cfg.reward.genrm` is set."""
     if mode not in MODES:

@@ -86,6 +86,11 @@ def test_over_provision_needs_completion_order_in_a_streaming_mode(cfg_file):
     assert cfg.rollout.over_provision == 4
 
 
+def test_overlap_push_needs_the_in_process_trainer(cfg_file):
+    with pytest.raises(ConfigError, match="overlap_push=true needs the in-process trainer"):
+        load_config(cfg_file, ["resources.overlap_push=true", "trainer.backend=fsdp"])
+
+
 def test_cpu_budgets_are_cpu_lists(cfg_file):
     cfg = load_config(cfg_file, ["resources.rollout_cpus=0", "resources.training_cpus=1-3,5"])
     assert (cfg.resources.rollout_cpus, cfg.resources.training_cpus) == ("0", "1-3,5")

@@ -4,6 +4,7 @@ producers, consumers tracked by task name, `get` blocking until the requested co
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -231,3 +232,36 @@ def test_tq_plane_warns_while_a_wait_stalls(monkeypatch, caplog):
         assert len(warnings) >= 2, (plane, warnings)
         assert "'actor'" in warnings[0] and "rows with ['reward'] of 'train_1'" in warnings[0], warnings
         assert "whole_groups" in warnings[0] and held in warnings[0], warnings
+
+
+class _CountingClient(_StalledClient):
+    """A stalled client that records when the waiting task polled."""
+
+    def __init__(self) -> None:
+        self.polls: list[float] = []
+
+    def get_meta(self, mode, **kwargs):
+        if mode == "fetch":
+            self.polls.append(time.monotonic())
+        return super().get_meta(mode, **kwargs)
+
+
+def test_tq_plane_sleeps_through_the_quiet_time_before_polling_fast():
+    """`quiet_s`: after a first poll that finds no rows, the wait sleeps that long, then polls every
+    `poll_max_s`: fewer controller round trips for a consumer that expects the rows later."""
+    from relax.distributed.tq_data_plane import TransferQueueDataPlane
+
+    def polls(quiet_s: float) -> list[float]:
+        client = _CountingClient()
+        with pytest.raises(TimeoutError):
+            asyncio.run(
+                TransferQueueDataPlane(client).get(
+                    "train_1", ["reward"], "advantages", 8, timeout_s=0.5, poll_max_s=0.01, quiet_s=quiet_s
+                )
+            )
+        return client.polls
+
+    quiet, fast = polls(0.3), polls(0.0)
+    assert quiet[1] - quiet[0] >= 0.3  # nothing between the first poll and the end of the quiet time
+    assert max(b - a for a, b in zip(quiet[1:], quiet[2:], strict=False)) < 0.2  # then the fast polls
+    assert len(quiet) < 0.7 * len(fast), (len(quiet), len(fast))

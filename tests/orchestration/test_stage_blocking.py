@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from relax.components.actor import ActorRole
 from relax.components.actor_fwd import ActorFwdRole
@@ -186,5 +187,47 @@ def test_actor_takes_the_next_steps_rows_ahead(cfg, with_update):
         assert actor.trainer.step == 2 and metrics["perf/actor_wait_data_s"] < 0.2
         assert actor._next is None  # step 2 is the last one: nothing fetched ahead
         assert plane.status("train_1") == plane.status("train_2") == {"rows": 0}
+
+    asyncio.run(main())
+
+
+def test_overlap_push_publishes_the_weights_the_update_ended_with(cfg):
+    """overlap_push: the push of step 1, which runs while step 2 trains, sends the copy of the weights kept
+    when step 1's update ended, not the live weights step 2 changes (here: has changed)."""
+    algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0, "old_log_probs": "rollout"})
+    res = cfg.resources.model_copy(update={"fetch_ahead": False})
+    trainer = cfg.trainer.model_copy(update={"num_steps": 2})
+    cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
+
+    async def put_step(plane, step):
+        rows = step_rows()
+        ids = await plane.put_rows(f"train_{step}", rows)
+        await plane.put_columns(
+            f"train_{step}", ids, {ADVANTAGES: [[1.0] * len(r["response_ids"]) for r in rows]}
+        )
+
+    async def main():
+        plane = LocalDataPlane()
+        actor = ActorRole(cfg, plane=plane)
+        assert actor.overlap_push  # auto: the in-process trainer in a streaming mode
+        sent: list[tuple[int, dict]] = []
+
+        async def publish(named, version):
+            sent.append((version, {n: t.clone() for n, t in named}))
+            return 0.0
+
+        actor.publisher.publish = publish
+        await put_step(plane, 1)
+        await put_step(plane, 2)
+        await actor.train(1)
+        after_1 = {n: t.detach().clone() for n, t in actor.trainer.named_weights()}
+        await actor.train(2)
+        assert await actor.push_weights(1) == 1
+        version, weights = sent[0]
+        assert version == 1 and actor.trainer.step == 2
+        assert all(torch.equal(weights[n], after_1[n]) for n in weights)
+        live = dict(actor.trainer.named_weights())
+        assert any(not torch.equal(weights[n], live[n]) for n in weights)  # step 2 changed the live ones
+        assert await actor.push_weights() == 2  # no version: the current weights
 
     asyncio.run(main())

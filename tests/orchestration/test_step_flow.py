@@ -104,6 +104,34 @@ def test_a_step_asks_the_rollout_only_to_prepare_and_finish():
     assert rollout.target.began == 1
 
 
+class VersionedActor(FakeActor):
+    """Records which version each push asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[int | None] = []
+
+    async def push_weights(self, version: int | None = None) -> int:
+        self.asked.append(version)
+        return version if version is not None else await super().push_weights()
+
+
+def test_overlap_push_sends_the_next_update_first_and_pushes_the_kept_copy():
+    """overlap_push: step 2's update goes out before step 1's push, which asks for the copy of step 1's
+    weights; `train(2)` then waits for the update already sent instead of sending another."""
+    rollout, actor = Handle(FakeRollout()), Handle(VersionedActor())
+    f = StepFlow("fully_async", {"rollout": rollout, "actor": actor})
+    f.overlap = True
+    f.train(1)
+    f.train_ahead(2)
+    assert f.training_ahead and f.training_step == 2
+    assert f.push_weights(1) == 1
+    f.train(2)
+    assert not f.training_ahead
+    assert actor.calls == ["train", "train", "push_weights"]
+    assert actor.target.asked == [1]
+
+
 def test_a_failed_rollout_stops_the_push_before_the_weights_go_out():
     f, rollout, actor = flow()
     rollout.target.error = RuntimeError("rollout step 3 failed: engine gone")
