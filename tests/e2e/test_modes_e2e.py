@@ -39,6 +39,18 @@ def mode_config(tiny_model_dir, arith_file, out_dir, mode, steps, extra=()):
     )
 
 
+def tailed_data(arith_file, path, long_tokens):
+    """The toy rows where every 4th may answer with `long_tokens` tokens (and is slow to score, see
+    tests/e2e/reward_fns.py) and the rest with 2."""
+    rows = [json.loads(line) for line in arith_file.read_text().splitlines()]
+    with path.open("w") as fh:
+        for i, row in enumerate(rows):
+            long = i % 4 == 0
+            meta = {"max_new_tokens": long_tokens if long else 2, "slow": long}
+            fh.write(json.dumps({**row, "metadata": meta}) + "\n")
+    return path
+
+
 def read_metrics(cfg):
     return [json.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -128,14 +140,7 @@ def test_completion_order_trains_long_groups_in_later_steps(
     under `batch_order: completion` the first steps fill with short groups (some drawn by the next step)
     and the long ones train later. The verifier's two seconds keep that order independent of how fast this
     machine decodes 46 tokens compared with one round trip of a request."""
-    rows = [json.loads(line) for line in arith_file.read_text().splitlines()]
-    data = tmp_path / "tailed.jsonl"
-    with data.open("w") as fh:
-        for i, row in enumerate(rows):
-            long = i % 4 == 0
-            fh.write(
-                json.dumps({**row, "metadata": {"max_new_tokens": 48 if long else 2, "slow": long}}) + "\n"
-            )
+    data = tailed_data(arith_file, tmp_path / "tailed.jsonl", long_tokens=48)
     extra = [
         f"data.train_files=[{data}]",
         "data.shuffle=false",
@@ -165,14 +170,7 @@ def test_over_provisioned_fully_async_on_cpu_budgets(ray_cluster, tiny_model_dir
     still trains on exactly 8 groups."""
     import os
 
-    rows = [json.loads(line) for line in arith_file.read_text().splitlines()]
-    data = tmp_path / "tailed.jsonl"
-    with data.open("w") as fh:
-        for i, row in enumerate(rows):
-            long = i % 4 == 0
-            fh.write(
-                json.dumps({**row, "metadata": {"max_new_tokens": 24 if long else 2, "slow": long}}) + "\n"
-            )
+    data = tailed_data(arith_file, tmp_path / "tailed.jsonl", long_tokens=24)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     extra = [
         f"data.train_files=[{data}]",

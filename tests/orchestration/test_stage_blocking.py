@@ -50,6 +50,15 @@ def step_rows():
     return out
 
 
+async def put_step(plane, step):
+    """Step `step`'s rows with their advantages, as the Actor takes them in fully_async."""
+    rows = step_rows()
+    ids = await plane.put_rows(f"train_{step}", rows)
+    await plane.put_columns(
+        f"train_{step}", ids, {ADVANTAGES: [[1.0] * len(r["response_ids"]) for r in rows]}
+    )
+
+
 def test_advantages_wait_for_log_probs_and_ref_log_probs(cfg):
     async def main():
         plane = LocalDataPlane()
@@ -158,13 +167,6 @@ def test_actor_takes_the_next_steps_rows_ahead(cfg, with_update):
     trainer = cfg.trainer.model_copy(update={"num_steps": 2})
     cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
 
-    async def put_step(plane, step):
-        rows = step_rows()
-        ids = await plane.put_rows(f"train_{step}", rows)
-        await plane.put_columns(
-            f"train_{step}", ids, {ADVANTAGES: [[1.0] * len(r["response_ids"]) for r in rows]}
-        )
-
     async def main():
         plane = LocalDataPlane()
         actor = ActorRole(cfg, plane=plane)
@@ -198,13 +200,6 @@ def test_overlap_push_publishes_the_weights_the_update_ended_with(cfg):
     res = cfg.resources.model_copy(update={"fetch_ahead": False})
     trainer = cfg.trainer.model_copy(update={"num_steps": 2})
     cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
-
-    async def put_step(plane, step):
-        rows = step_rows()
-        ids = await plane.put_rows(f"train_{step}", rows)
-        await plane.put_columns(
-            f"train_{step}", ids, {ADVANTAGES: [[1.0] * len(r["response_ids"]) for r in rows]}
-        )
 
     async def main():
         plane = LocalDataPlane()
