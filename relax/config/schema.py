@@ -203,9 +203,10 @@ class RolloutConfig(Section):
         "abort",
         description="Partial rollout: `abort` ends in-flight requests and resumes each unfinished sample "
         "with a new request (prompt and tokens so far prefilled again under the new weights, at most "
-        "`max_aborts` times); `in_place` pauses the engines between two steps, keeping requests and KV "
-        "cache, loads the weights and continues (no prefill again; earlier tokens keep the old weights' "
-        "KV cache; needs engines that pause in place: the embedded engine or SGLang).",
+        "`max_aborts` times); `in_place` keeps the running requests and their KV cache, and the engines "
+        "load the weights between two steps (no prefill again; earlier tokens keep the old weights' KV "
+        "cache). Embedded engines keep generating through the push; SGLang engines are paused in place "
+        "for it.",
     )
     max_aborts: int = Field(
         2, ge=0, description="Partial rollout: times one sample may be aborted; later updates wait for it."

@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ POLL_S = 0.02  # first poll interval; doubles up to POLL_MAX_S
 # in fully_async on 2 CPU cores rose from 0.05 s to 0.09-0.12 s a step; at 0.05 s it is 0.01-0.03 s, for
 # at most 20 controller round trips a second per waiting consumer.
 POLL_MAX_S = 0.05
+TAKEN_PARTITIONS = 4  # partitions whose last taken rows' metadata `put_columns` may reuse
 
 
 def _sampler_base() -> type:
@@ -118,6 +120,10 @@ class TransferQueueDataPlane:
         # two thread hand-offs per call that, in a process whose other threads hold the interpreter
         # lock (the Rollout's HTTP traffic, a forward pass), took up to twice the call's own time.
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+        # The metadata of the last rows this process took, per partition: a stage role writes its column
+        # for exactly those rows, so `put_columns` selects them here instead of asking the controller
+        # for the partition's metadata first (one round trip less a write).
+        self._taken: OrderedDict[str, Any] = OrderedDict()
 
     def _async_client(self) -> Any:
         """The running loop's asynchronous client (made on first use), or None without a config."""
@@ -201,9 +207,11 @@ class TransferQueueDataPlane:
         if clash:
             raise ValueError(f"data plane: {clash} are Rollout columns, written only with put_rows")
 
-        meta = await self._call(
-            "get_meta", data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
-        )
+        meta = self._taken.get(partition)
+        if meta is None or not set(indexes) <= set(meta.global_indexes):
+            meta = await self._call(
+                "get_meta", data_fields=[], batch_size=1, partition_id=partition, mode="force_fetch"
+            )
         pos = {g: k for k, g in enumerate(meta.global_indexes)}
         missing = [i for i in indexes if i not in pos]
         if missing:
@@ -257,6 +265,10 @@ class TransferQueueDataPlane:
             await asyncio.sleep(wait)
             wait = min(wait * 2, longest)
         data = await self._call("get_data", meta)
+        self._taken[partition] = meta
+        self._taken.move_to_end(partition)
+        while len(self._taken) > TAKEN_PARTITIONS:
+            self._taken.popitem(last=False)
         n = meta.size
         rows = _to_values(data[ROWS_FIELD], n) if ROWS_FIELD in fields else []
         out = {}
@@ -288,6 +300,7 @@ class TransferQueueDataPlane:
         )
 
     async def clear(self, partition: str) -> None:
+        self._taken.pop(partition, None)
         await self._call("clear_partition", partition)
 
     async def close(self) -> None:

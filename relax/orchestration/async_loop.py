@@ -52,6 +52,8 @@ class StepFlow:
             self.receivers.append(self.stages["actor_fwd"].weight_url.remote().result())
         self._regroup = False  # a receiver changed (ActorFwd restarted): re-form the group at the next push
         self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push, not awaited
+        self._preparing: Any = None  # the Rollout's `prepare_weight_update` sent by `begin_push`
+        self._trained: int | None = None  # the step whose update ended since the last push began
         self._after: Callable[[], dict[str, float]] | None = None  # the post-train checks, asked not read
         self._checked_at = -math.inf  # when the background roles were last checked (monotonic)
         self.step_metrics: dict[str, float] = {}  # the stage roles' metrics of the last trained step
@@ -70,9 +72,25 @@ class StepFlow:
         self.rollout.start.remote(first_step).result()
         logger.info("streaming from step %d (%s)", first_step, ", ".join(["rollout", *self.stages]))
 
+    def begin_push(self, trained_step: int) -> None:
+        """Send the first call of the push of `trained_step`'s weights (the Rollout's
+        `prepare_weight_update`), then, after an update, the checks that follow it (the heartbeats; in
+        streaming modes the stage roles' metrics of the step), which `push_weights` reads while the
+        prepare runs.
+        The Controller calls this as soon as the update ends, before anything else it sends then (the
+        next update, under overlap_push): in fully_async the push is on the chain that sets the pace
+        (docs/modes.md), and each Serve call sent before it delayed it by ~2-3 ms on 2 CPU cores."""
+        self.settle()
+        self._pushing = trained_step
+        self._preparing = self.rollout.prepare_weight_update.remote(self.health is not None)
+        if self._trained is not None:  # the prepare raises the Rollout's failure
+            self._after = self._ask_checks(self._trained, rollout=False)
+            self._trained = None
+
     def push_weights(self, trained_step: int) -> int:
         """Publish the weights trained through `trained_step` to the engines (and ActorFwd): the Rollout
         first waits for or aborts in-flight generation, then resumes and counts the step consumed.
+        Starts with `begin_push` unless the Controller already sent it.
 
         Three calls in the usual case: the Rollout's `prepare_weight_update` (stop generation, elastic
         plan, failed engines replaced), the Actor's push, and `finish_weight_update` (admit replaced
@@ -81,10 +99,10 @@ class StepFlow:
         before the next push and before anything that needs the Rollout's state, raises its error.
         The checks that `train` asked for after the update are read while the prepare runs, before the
         Actor's weights go out (an Actor replaced while it trained must not push fresh weights)."""
-        self.settle()
-        self._pushing = trained_step
+        if self._preparing is None or self._pushing != trained_step:
+            self.begin_push(trained_step)
+        preparing, self._preparing = self._preparing, None
         admit = False
-        preparing = self.rollout.prepare_weight_update.remote(self.health is not None)
         try:
             try:  # the trained step's checks were asked when it ended; they answer during the prepare
                 self._read_after_train()
@@ -165,10 +183,8 @@ class StepFlow:
 
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface.
-        The checks that follow an update (the heartbeats; in streaming modes the stage roles' metrics of
-        the step) are asked here and read by the next `push_weights`, whose first round trip (the
-        Rollout's `prepare_weight_update`, which raises the Rollout's failure) they overlap;
-        `step_metrics` then holds the stage roles' metrics."""
+        The checks that follow an update go out with the push (`begin_push`); `step_metrics` then holds
+        the stage roles' metrics."""
         self.training_step = step
         ahead, self._ahead = self._ahead, None
         response = ahead[1] if ahead is not None and ahead[0] == step else self.actor.train.remote(step)
@@ -178,7 +194,7 @@ class StepFlow:
                 break
             except TimeoutError:
                 self.check()
-        self._after = self._ask_checks(step, rollout=False)  # the push's prepare raises its failure
+        self._trained = step
         return metrics
 
     def train_ahead(self, step: int) -> None:

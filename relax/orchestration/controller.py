@@ -213,6 +213,7 @@ class Controller:
                             rollout_metrics = self.rollout.generate.remote(step + 1).result()
                     with phases.phase("train"):
                         train_metrics = self.flow.train(step + 1)
+                    self.flow.begin_push(step + 1)  # first: the push is on fully_async's critical chain
                     if self._may_train_ahead(step + 2):  # overlap_push: step + 2 trains during the push
                         self.flow.train_ahead(step + 2)
                     if self.flow.streaming:

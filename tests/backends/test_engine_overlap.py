@@ -152,3 +152,41 @@ def test_an_idle_engine_prefills_a_burst_together(tiny_model_dir):
         assert len(sizes) > 1 and sum(sizes) == 10
     finally:
         engine.shutdown()
+
+
+def test_a_push_while_generating_is_held_until_its_last_bucket(engines):
+    """A push that arrives while the engine generates needs no pause: a bucket before the last is
+    checked and held, and the last loads every bucket in one command between two steps, so no step runs
+    on a mix of two versions. While paused, a bucket loads at once."""
+    plain, _ = engines
+    runner = plain.runner
+    first, last = "model.embed_tokens.weight", "lm_head.weight"
+    before = {n: runner._params[n].detach().clone() for n in (first, last)}
+    params = {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+    plain.step_sleep_s = 0.005
+    try:
+        fut = plain.submit(PROMPTS[2], params)
+        while len(plain.scheduler.running) == 0:
+            pass
+        version = plain.weight_version
+        with pytest.raises(KeyError, match="unknown weight"):  # a bad bucket fails when it comes
+            plain.update_weights([("no.such.weight", torch.zeros(1))], refresh=False)
+        plain.update_weights([(first, before[first] + 1.0)], refresh=False)
+        assert plain.weight_version == version  # held: nothing loaded yet
+        assert torch.equal(runner._params[first].detach(), before[first])
+        plain.update_weights([(last, before[last] + 1.0)], weight_version=f"{version}-b", refresh=True)
+        assert plain.weight_version == f"{version}-b"
+        for n in (first, last):
+            assert torch.equal(runner._params[n].detach(), before[n] + 1.0)
+        plain.pause("in_place")
+        plain.update_weights([(first, before[first])], refresh=False)
+        assert torch.equal(runner._params[first].detach(), before[first])  # paused: loaded at once
+        plain.update_weights([(last, before[last])], weight_version=version)
+        plain.resume()
+        out = fut.result(timeout=60)[0]
+    finally:
+        plain.step_sleep_s = 0.0
+    assert len(out.output_ids) == 40
+    assert out.weight_versions == [version, f"{version}-b", version]
+    for n in (first, last):
+        assert torch.equal(runner._params[n].detach(), before[n])

@@ -115,8 +115,9 @@ def test_partial_rollout_and_resume(ray_cluster, tiny_model_dir, arith_file, tmp
 def test_in_place_partial_rollout_keeps_requests_across_updates(
     ray_cluster, tiny_model_dir, arith_file, tmp_path
 ):
-    """fully_async with `partial_rollout_mode: in_place`: weight pushes pause the engine instead of
-    aborting; samples that ran across a push record both versions, and the off-policy part is masked."""
+    """fully_async with `partial_rollout_mode: in_place`: the embedded engine keeps generating through
+    the weight pushes (nothing is aborted); samples that ran across a push record both versions, and the
+    off-policy part is masked."""
     extra = [
         "rollout.partial_rollout=true",
         "rollout.partial_rollout_mode=in_place",

@@ -175,6 +175,39 @@ def test_in_place_the_engines_pause_and_requests_run_on_under_the_new_weights():
     asyncio.run(main())
 
 
+class LiveEngine(FakeEngine):
+    """An engine that loads a push between two steps on its own (the embedded engine)."""
+
+    base_url = "http://127.0.0.1:1"
+
+    async def model_info(self) -> dict:
+        self.calls.append("model_info")
+        return {"live_weight_updates": True}
+
+
+def test_in_place_an_engine_that_loads_live_is_not_paused_and_new_requests_go_on():
+    async def main():
+        engine = LiveEngine()
+        inflight = InflightRequests(engine, partial=True, max_aborts=0, partial_mode="in_place")
+        group = asyncio.create_task(inflight.generate_group([1, 2], {"n": 2, "max_new_tokens": 20}))
+        await asyncio.sleep(0.05)
+        await inflight.begin_update()
+        # the push: generation goes on, and a request sent now is not held back until the update ends
+        late = await asyncio.wait_for(inflight.generate([3], {"n": 1, "max_new_tokens": 2}), timeout=5)
+        assert len(late[0].output_ids) == 2
+        engine.version += 1
+        await inflight.end_update()
+        await inflight.begin_update()  # asked once per engine
+        await inflight.end_update()
+        out = await group
+        assert engine.calls == ["model_info"]  # never paused nor resumed
+        for g in out:
+            assert len(g.output_ids) == 20 and g.weight_versions == [0, 1] and g.aborts == 0
+            assert 0 < g.offpolicy_len < 20
+
+    asyncio.run(main())
+
+
 def test_an_unknown_partial_mode_is_refused():
     with pytest.raises(ValueError, match="use abort or in_place"):
         InflightRequests(FakeEngine(), partial=True, partial_mode="keep")

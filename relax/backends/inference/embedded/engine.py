@@ -9,7 +9,9 @@ returns has taken effect: `pause()` returns once no step is running and none wil
     engine.shutdown()
 
 Receiving weights over a process group happens in the caller's thread (generation goes on meanwhile);
-only the copy into the model is a command.
+only the copy into the model is a command. A push of several buckets that arrives while the engine
+generates is held until its last bucket and loaded in one command, so no step runs on a mix of two
+versions and a push needs no pause (`live_weight_updates` in `/get_model_info`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class EmbeddedEngine:
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._totals = {"generated": 0, "prompt": 0, "requests": 0}
         self._groups: dict[str, Any] = {}  # weight-sync groups by name
+        self._held: list[tuple[str, Tensor]] = []  # buckets of a push in progress, received while generating
 
     @property
     def tokenizer(self) -> Any:
@@ -321,8 +324,15 @@ class EmbeddedEngine:
         refresh: bool = True,
     ) -> int:
         """Copy tensors into the model between two steps; running requests continue on the new weights.
-        `refresh=False` (a bucket before the last) leaves the fused decode weights for the last bucket."""
+        `refresh=False` marks a bucket before the last of a push: while paused it is loaded at once (the
+        fused decode weights wait for the last bucket); while generating it is held and loaded with the
+        last bucket in one command."""
         items = list(named_tensors)
+        if not refresh and not self.paused:
+            self.runner.check_weights(items)  # a bad bucket fails now, not at the last one
+            self._held += items
+            return len(items)
+        items, self._held = self._held + items, []
 
         def load() -> int:
             old = self.runner.weight_version
@@ -360,6 +370,7 @@ class EmbeddedEngine:
 
         if group_name in self._groups:
             self._groups.pop(group_name).destroy()
+        self._held = []  # a push the old group left unfinished
         device = self.runner.device if backend == "nccl" else None
         self._groups[group_name] = create_group(
             master_address, master_port, rank_offset, world_size, backend, group_name, device=device
@@ -409,7 +420,10 @@ class EmbeddedEngine:
             raise ValueError("weights by CUDA IPC need an engine on a GPU; use the broadcast group")
         buf = open_shared(handle)
         specs = [(n, parse_dtype(d), s) for n, d, s in zip(names, dtypes, shapes, strict=True)]
-        n = self.update_weights(unpack(buf, specs).items(), weight_version, refresh=flush_cache)
+        tensors = unpack(buf, specs)
+        if not flush_cache and not self.paused:  # held past this call: off the sender's buffer
+            tensors = {k: v.clone() for k, v in tensors.items()}
+        n = self.update_weights(tensors.items(), weight_version, refresh=flush_cache)
         torch.cuda.synchronize(self.runner.device)
         return n
 

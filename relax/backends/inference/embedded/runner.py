@@ -262,6 +262,19 @@ class ModelRunner:
         return mmm.mask_media_logits(self.lm_head(h), self.banned_ids)
 
     # -- weights -----------------------------------------------------------------------------------
+    def check_weights(self, items: list[tuple[str, Tensor]]) -> None:
+        """Raise for a name the model lacks or a shape that differs from the model's."""
+        for name, tensor in items:
+            if name not in self._params:
+                known = ", ".join(list(self._params)[:4])
+                raise KeyError(
+                    f"unknown weight {name!r} (names are Hugging Face state_dict keys, e.g. {known})"
+                )
+            if tuple(tensor.shape) != tuple(self._params[name].shape):
+                raise ValueError(
+                    f"weight {name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(self._params[name].shape)}"
+                )
+
     @torch.no_grad()
     def load_weights(
         self,
@@ -275,16 +288,7 @@ class ModelRunner:
         Every name is checked before anything is copied, so a bad update leaves the model unchanged.
         """
         items = list(named_tensors)
-        for name, tensor in items:
-            if name not in self._params:
-                known = ", ".join(list(self._params)[:4])
-                raise KeyError(
-                    f"unknown weight {name!r} (names are Hugging Face state_dict keys, e.g. {known})"
-                )
-            if tuple(tensor.shape) != tuple(self._params[name].shape):
-                raise ValueError(
-                    f"weight {name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(self._params[name].shape)}"
-                )
+        self.check_weights(items)
         for name, tensor in items:
             self._params[name].data.copy_(tensor)
         if self.lean is not None and refresh:

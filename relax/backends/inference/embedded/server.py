@@ -197,6 +197,8 @@ def build_app(engine: EmbeddedEngine) -> FastAPI:
             "device_uuid": device_uuid(r.device),
             "dtype": str(r.dtype).removeprefix("torch."),
             "engine": "relax-embedded",
+            # a push may arrive while it generates: loaded between two steps, all buckets at once
+            "live_weight_updates": True,
         }
 
     @app.get("/get_weight_version")
