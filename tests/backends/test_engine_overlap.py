@@ -5,6 +5,10 @@ commands that wait for the step in flight."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from concurrent.futures import Future
+
 import pytest
 import torch
 
@@ -92,14 +96,24 @@ def test_an_abort_while_a_step_is_in_flight_leaves_the_others_intact(engines):
         overlap.step_sleep_s = 0.0
 
 
+@contextlib.contextmanager
+def running(engine: EmbeddedEngine, prompt: list[int], max_new_tokens: int) -> Iterator[Future]:
+    """A greedy request, slowed to 5 ms a step, once the engine runs it; the engine's speed is restored
+    on the way out."""
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    engine.step_sleep_s = 0.005
+    try:
+        fut = engine.submit(prompt, params)
+        while len(engine.scheduler.running) == 0:
+            pass
+        yield fut
+    finally:
+        engine.step_sleep_s = 0.0
+
+
 def test_pause_in_place_and_a_weight_update_see_no_step_in_flight(engines):
     _, overlap = engines
-    params = {"max_new_tokens": 30, "temperature": 0.0, "ignore_eos": True}
-    overlap.step_sleep_s = 0.005
-    try:
-        fut = overlap.submit(PROMPTS[1], params)
-        while len(overlap.scheduler.running) == 0:
-            pass
+    with running(overlap, PROMPTS[1], 30) as fut:
         overlap.pause("in_place")
         assert overlap.scheduler.inflight is None
         done = len(overlap.scheduler.running[0].output_ids)
@@ -107,8 +121,6 @@ def test_pause_in_place_and_a_weight_update_see_no_step_in_flight(engines):
         overlap.update_weights([], weight_version=f"{version}-next")
         overlap.resume()
         out = fut.result(timeout=60)[0]
-    finally:
-        overlap.step_sleep_s = 0.0
     assert len(out.output_ids) == 30
     # every token read back before the pause counts under the old version, none after it
     assert out.weight_versions == [version, f"{version}-next"]
@@ -162,12 +174,7 @@ def test_a_push_while_generating_is_held_until_its_last_bucket(engines):
     runner = plain.runner
     first, last = "model.embed_tokens.weight", "lm_head.weight"
     before = {n: runner._params[n].detach().clone() for n in (first, last)}
-    params = {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
-    plain.step_sleep_s = 0.005
-    try:
-        fut = plain.submit(PROMPTS[2], params)
-        while len(plain.scheduler.running) == 0:
-            pass
+    with running(plain, PROMPTS[2], 40) as fut:
         version = plain.weight_version
         with pytest.raises(KeyError, match="unknown weight"):  # a bad bucket fails when it comes
             plain.update_weights([("no.such.weight", torch.zeros(1))], refresh=False)
@@ -184,8 +191,6 @@ def test_a_push_while_generating_is_held_until_its_last_bucket(engines):
         plain.update_weights([(last, before[last])], weight_version=version)
         plain.resume()
         out = fut.result(timeout=60)[0]
-    finally:
-        plain.step_sleep_s = 0.0
     assert len(out.output_ids) == 40
     assert out.weight_versions == [version, f"{version}-b", version]
     for n in (first, last):

@@ -152,27 +152,32 @@ def test_a_capped_sample_is_not_aborted_with_the_others():
     asyncio.run(main())
 
 
-def test_in_place_the_engines_pause_and_requests_run_on_under_the_new_weights():
-    async def main():
-        engine = FakeEngine()
-        inflight = InflightRequests(engine, partial=True, max_aborts=0, partial_mode="in_place")
-        group = asyncio.create_task(inflight.generate_group([1, 2], {"n": 2, "max_new_tokens": 20}))
-        await asyncio.sleep(0.05)
-        await inflight.begin_update()
-        assert not group.done() and inflight.inflight  # nothing aborted, nothing waited for
-        engine.version += 1  # the push, while the engine is paused
-        await inflight.end_update()
-        out = await group
-        assert engine.calls == ["pause", "resume"]
-        for g in out:
-            assert len(g.output_ids) == 20 and g.finish_reason == "length"
-            assert g.weight_versions == [0, 1] and g.aborts == 0
-            k = g.offpolicy_len  # tokens before the update
-            assert 0 < k < 20
-            assert g.log_probs[:k] == [0.0] * k and g.log_probs[k:] == [-1.0] * (20 - k)
-        assert inflight.num_aborted == 0
+async def in_place_update(engine, during=None) -> InflightRequests:
+    """A group of 2 x 20 tokens across one in-place update (the engine's version bumped during it, after
+    `during(inflight)`): no sample is aborted or repeated, and each keeps the old tokens' log-probs."""
+    inflight = InflightRequests(engine, partial=True, max_aborts=0, partial_mode="in_place")
+    group = asyncio.create_task(inflight.generate_group([1, 2], {"n": 2, "max_new_tokens": 20}))
+    await asyncio.sleep(0.05)
+    await inflight.begin_update()
+    assert not group.done() and inflight.inflight  # nothing aborted, nothing waited for
+    if during is not None:
+        await during(inflight)
+    engine.version += 1  # the push
+    await inflight.end_update()
+    for g in await group:
+        assert len(g.output_ids) == 20 and g.finish_reason == "length"
+        assert g.weight_versions == [0, 1] and g.aborts == 0
+        k = g.offpolicy_len  # tokens before the update
+        assert 0 < k < 20
+        assert g.log_probs[:k] == [0.0] * k and g.log_probs[k:] == [-1.0] * (20 - k)
+    assert inflight.num_aborted == 0
+    return inflight
 
-    asyncio.run(main())
+
+def test_in_place_the_engines_pause_and_requests_run_on_under_the_new_weights():
+    engine = FakeEngine()
+    asyncio.run(in_place_update(engine))
+    assert engine.calls == ["pause", "resume"]
 
 
 class LiveEngine(FakeEngine):
@@ -186,26 +191,19 @@ class LiveEngine(FakeEngine):
 
 
 def test_in_place_an_engine_that_loads_live_is_not_paused_and_new_requests_go_on():
-    async def main():
-        engine = LiveEngine()
-        inflight = InflightRequests(engine, partial=True, max_aborts=0, partial_mode="in_place")
-        group = asyncio.create_task(inflight.generate_group([1, 2], {"n": 2, "max_new_tokens": 20}))
-        await asyncio.sleep(0.05)
-        await inflight.begin_update()
-        # the push: generation goes on, and a request sent now is not held back until the update ends
+    async def late_request(inflight: InflightRequests) -> None:
+        # during the push a new request is not held back until the update ends
         late = await asyncio.wait_for(inflight.generate([3], {"n": 1, "max_new_tokens": 2}), timeout=5)
         assert len(late[0].output_ids) == 2
-        engine.version += 1
-        await inflight.end_update()
-        await inflight.begin_update()  # asked once per engine
-        await inflight.end_update()
-        out = await group
-        assert engine.calls == ["model_info"]  # never paused nor resumed
-        for g in out:
-            assert len(g.output_ids) == 20 and g.weight_versions == [0, 1] and g.aborts == 0
-            assert 0 < g.offpolicy_len < 20
 
+    async def main():
+        inflight = await in_place_update(engine, late_request)
+        await inflight.begin_update()  # the engine was asked once
+        await inflight.end_update()
+
+    engine = LiveEngine()
     asyncio.run(main())
+    assert engine.calls == ["model_info"]  # never paused nor resumed
 
 
 def test_an_unknown_partial_mode_is_refused():
