@@ -9,7 +9,6 @@ calls ``await scorer.score(samples)``; the workers' ``RewardStats`` add up with 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import math
@@ -21,6 +20,7 @@ from typing import Any
 from relax.data.sample import Sample
 from relax.rewards.config import RewardConfig
 from relax.rewards.registry import RewardSpec, resolve_reward
+from relax.rewards.sync_batch import CallCost, run_batch
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,12 @@ class RewardStats:
             info_counts=added(self.info_counts, other.info_counts),
         )
 
+    def add_call(self, seconds: float) -> None:
+        """Count one reward call that took ``seconds``."""
+        self.calls += 1
+        self.latency_sum_s += seconds
+        self.latency_max_s = max(self.latency_max_s, seconds)
+
     def as_metrics(self) -> dict[str, float]:
         """``reward/samples``, ``reward/failures``, ``reward/timeouts``, ``reward/calls``,
         ``reward/latency_mean_s``, ``reward/latency_max_s``, ``reward/count/<type>`` per type, and the
@@ -92,6 +98,12 @@ class RewardStats:
         for key in sorted(self.info_sums):
             metrics[info_metric_name(key)] = self.info_sums[key] / max(self.info_counts.get(key, 1), 1)
         return metrics
+
+
+def _timed(fn: Any, arg: Any, kwargs: dict[str, Any]) -> tuple[Any, float]:
+    """``fn(arg, **kwargs)`` and how long it took (in the worker thread, so the hop is not counted)."""
+    start = time.perf_counter()
+    return fn(arg, **kwargs), time.perf_counter() - start
 
 
 def _to_reward(result: Any, reward_key: str) -> tuple[float, dict[str, float]]:
@@ -122,6 +134,7 @@ class RewardScorer:
         self._pool: ThreadPoolExecutor | None = None  # runs sync reward functions; built on first use
         self._sem: asyncio.Semaphore | None = None  # bounds calls in flight; one per event loop
         self._sem_loop: asyncio.AbstractEventLoop | None = None
+        self._cost = CallCost()  # how long each reward's calls take: cheap sync ones are batched
 
     # -- pickling: only the config travels; pools and semaphores are rebuilt where it lands --
     def __getstate__(self) -> dict[str, Any]:
@@ -153,17 +166,24 @@ class RewardScorer:
         stats = RewardStats(samples=len(samples))
         jobs: list[tuple[str, list[Sample]]] = []  # (reward type, samples of one call)
         groups: dict[tuple[str, int], list[Sample]] = {}
+        cheap: dict[str, list[Sample]] = {}  # cheap sync per-sample rewards: one batch per thread
         for sample in samples:
             rm_type = self.reward_type(sample)
             stats.counts[rm_type] = stats.counts.get(rm_type, 0) + 1
-            if self.spec(rm_type).kind == "group":
+            spec = self.spec(rm_type)
+            if spec.kind == "group":
                 if (rm_type, sample.group_id) not in groups:
                     groups[(rm_type, sample.group_id)] = []
                     jobs.append((rm_type, groups[(rm_type, sample.group_id)]))
                 groups[(rm_type, sample.group_id)].append(sample)
+            elif not spec.is_async and self._cost.cheap(rm_type):
+                cheap.setdefault(rm_type, []).append(sample)
             else:
                 jobs.append((rm_type, [sample]))
-        await asyncio.gather(*(self._run(rm_type, batch, stats) for rm_type, batch in jobs))
+        await asyncio.gather(
+            *(self._run(rm_type, batch, stats) for rm_type, batch in jobs),
+            *(self._run_cheap(rm_type, batch, stats) for rm_type, batch in cheap.items()),
+        )
         return stats
 
     def score_sync(self, samples: list[Sample]) -> RewardStats:
@@ -184,47 +204,94 @@ class RewardScorer:
             start = time.perf_counter()
             try:
                 result = await asyncio.wait_for(
-                    self._call(spec, arg, self.cfg.kwargs_for(rm_type)), self.cfg.timeout_s
+                    self._call(rm_type, spec, arg, self.cfg.kwargs_for(rm_type)), self.cfg.timeout_s
                 )
                 results = self._check_group(result, len(batch)) if spec.kind == "group" else [result]
                 scored = [_to_reward(r, reward_key) for r in results]
             except ImportError:
                 raise  # a missing package is a setup error, not a bad sample
             except asyncio.TimeoutError:
-                stats.timeouts += len(batch)
-                stats.failed += refs
-                logger.warning(
-                    "reward %r timed out after %.3gs for sample index=%s (index/sample_id %s); reward := %s",
-                    rm_type, self.cfg.timeout_s, [s.index for s in batch], refs,
-                    self.cfg.fallback_reward,
-                )  # fmt: skip
-                scored = [(self.cfg.fallback_reward, {}) for _ in batch]
+                scored = self._timed_out(rm_type, batch, refs, stats)
             except Exception as e:
-                stats.failures += len(batch)
-                stats.failed += refs
-                logger.warning(
-                    "reward %r failed for sample index=%s (index/sample_id %s): %r; reward := %s",
-                    rm_type, [s.index for s in batch], refs, e,
-                    self.cfg.fallback_reward, exc_info=e,
-                )  # fmt: skip
-                scored = [(self.cfg.fallback_reward, {}) for _ in batch]
+                scored = self._failed(rm_type, batch, refs, e, stats)
             finally:
-                elapsed = time.perf_counter() - start
-                stats.calls += 1
-                stats.latency_sum_s += elapsed
-                stats.latency_max_s = max(stats.latency_max_s, elapsed)
+                stats.add_call(time.perf_counter() - start)
+        self._assign(batch, scored, stats)
+
+    async def _run_cheap(self, rm_type: str, batch: list[Sample], stats: RewardStats) -> None:
+        """A cheap sync per-sample reward on ``batch``: one worker thread scores them in turn, each call
+        held to its own timeout (``relax.rewards.sync_batch``)."""
+        spec = self.spec(rm_type)
+        reward_key = spec.reward_key or self.cfg.reward_key
+        async with self._semaphore():
+            outcomes = await run_batch(
+                self._executor(), spec.fn, batch, self.cfg.kwargs_for(rm_type), self.cfg.timeout_s
+            )
+        scored: list[tuple[float, dict[str, float]]] = []
+        for sample, outcome in zip(batch, outcomes, strict=True):
+            refs = [sample_ref(sample)]
+            if outcome is None:
+                stats.add_call(self.cfg.timeout_s)
+                scored += self._timed_out(rm_type, [sample], refs, stats)
+                continue
+            ok, value, seconds = outcome
+            self._cost.add(rm_type, seconds)
+            stats.add_call(seconds)
+            if isinstance(value, ImportError):
+                raise value  # a missing package is a setup error, not a bad sample
+            try:
+                if not ok:
+                    raise value
+                scored.append(_to_reward(value, reward_key))
+            except Exception as e:
+                scored += self._failed(rm_type, [sample], refs, e, stats)
+        self._assign(batch, scored, stats)
+
+    def _timed_out(
+        self, rm_type: str, batch: list[Sample], refs: list[str], stats: RewardStats
+    ) -> list[tuple[float, dict[str, float]]]:
+        stats.timeouts += len(batch)
+        stats.failed += refs
+        logger.warning(
+            "reward %r timed out after %.3gs for sample index=%s (index/sample_id %s); reward := %s",
+            rm_type, self.cfg.timeout_s, [s.index for s in batch], refs, self.cfg.fallback_reward,
+        )  # fmt: skip
+        return [(self.cfg.fallback_reward, {}) for _ in batch]
+
+    def _failed(
+        self, rm_type: str, batch: list[Sample], refs: list[str], e: Exception, stats: RewardStats
+    ) -> list[tuple[float, dict[str, float]]]:
+        stats.failures += len(batch)
+        stats.failed += refs
+        logger.warning(
+            "reward %r failed for sample index=%s (index/sample_id %s): %r; reward := %s",
+            rm_type, [s.index for s in batch], refs, e, self.cfg.fallback_reward, exc_info=e,
+        )  # fmt: skip
+        return [(self.cfg.fallback_reward, {}) for _ in batch]
+
+    @staticmethod
+    def _assign(
+        batch: list[Sample], scored: list[tuple[float, dict[str, float]]], stats: RewardStats
+    ) -> None:
         for sample, (reward, info) in zip(batch, scored, strict=True):
             sample.reward = reward
             sample.reward_info = info
             stats.add_info(info)
 
-    async def _call(self, spec: RewardSpec, arg: Sample | list[Sample], kwargs: dict[str, Any]) -> Any:
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.cfg.max_concurrency, thread_name_prefix="relax-reward")
+        return self._pool
+
+    async def _call(
+        self, rm_type: str, spec: RewardSpec, arg: Sample | list[Sample], kwargs: dict[str, Any]
+    ) -> Any:
         if spec.is_async:
             return await spec.fn(arg, **kwargs)
         loop = asyncio.get_running_loop()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.cfg.max_concurrency, thread_name_prefix="relax-reward")
-        result = await loop.run_in_executor(self._pool, functools.partial(spec.fn, arg, **kwargs))
+        result, seconds = await loop.run_in_executor(self._executor(), _timed, spec.fn, arg, kwargs)
+        if spec.kind == "sample":
+            self._cost.add(rm_type, seconds)  # cheap ones are batched from now on (`_run_cheap`)
         return await result if inspect.isawaitable(result) else result
 
     @staticmethod

@@ -112,4 +112,17 @@ def tracked_sync(sample: Sample) -> float:
     return 1.0
 
 
+THREADS: list[int] = []  # the worker thread of each `cheap_rule` call
+
+
+def cheap_rule(sample: Sample) -> float:
+    """A rule reward that takes microseconds, except on "hang" (0.5 s) and "boom" (raises)."""
+    THREADS.append(threading.get_ident())
+    if sample.response_text == "hang":
+        time.sleep(0.5)
+    if sample.response_text == "boom":
+        raise ValueError("boom")
+    return float(sample.response_text == sample.label)
+
+
 not_callable = 42

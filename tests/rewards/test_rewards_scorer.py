@@ -178,6 +178,56 @@ def test_max_concurrency_bounds_calls_in_flight(fn: str) -> None:
     assert all(s.reward == 1.0 for s in batch)
 
 
+def test_a_slow_sync_reward_stays_parallel_once_its_cost_is_known() -> None:
+    from rewards_custom_fns import InFlight
+
+    s = scorer(f"{FNS}:tracked_sync", max_concurrency=3)
+    for _ in range(2):  # the second batch is scored knowing that each call takes ~50 ms
+        InFlight.reset()
+        assert s.score_sync(samples(["7"] * 6)).calls == 6 and InFlight.peak == 3
+    s.close()
+
+
+def test_a_cheap_sync_reward_scores_a_batch_in_one_thread() -> None:
+    import rewards_custom_fns as fns
+
+    s = scorer(f"{FNS}:cheap_rule")
+    s.score_sync(samples(["7"]))  # learns that a call takes microseconds
+    fns.THREADS.clear()
+    batch = samples(["7", "6", "7", "x"] * 4)
+    stats = s.score_sync(batch)
+    assert [x.reward for x in batch] == [1.0, 0.0, 1.0, 0.0] * 4
+    assert len(set(fns.THREADS)) == 1 and stats.calls == 16 and stats.failures == 0
+    s.close()
+
+
+def test_a_cheap_batch_holds_each_call_to_its_own_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    import rewards_custom_fns as fns
+
+    s = scorer(f"{FNS}:cheap_rule", timeout_s=0.2, fallback_reward=-1.0)
+    s.score_sync(samples(["7"]))
+    fns.THREADS.clear()
+    batch = samples(["7", "hang", "boom", "7", "6"])
+    start = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="relax.rewards.scorer"):
+        stats = s.score_sync(batch)
+    assert time.perf_counter() - start < 0.45  # did not wait for the hanging call (0.5 s)
+    # the call after the hanging one ran in a new thread; every sample got its own outcome
+    assert [x.reward for x in batch] == [1.0, -1.0, -1.0, 1.0, 0.0]
+    assert stats.timeouts == 1 and stats.failures == 1 and stats.calls == 5
+    assert stats.failed == ["1/0", "2/0"] and len(set(fns.THREADS)) == 2
+    assert any("timed out" in r.getMessage() and "index=[1]" in r.getMessage() for r in caplog.records)
+    s.close()
+
+
+def test_a_missing_package_in_a_cheap_batch_is_still_a_setup_error() -> None:
+    s = scorer(f"{FNS}:needs_missing_package")
+    s._cost.add(f"{FNS}:needs_missing_package", 1e-6)  # as if its calls were known to be cheap
+    with pytest.raises(ImportError):
+        s.score_sync(samples(["7", "7"]))
+    s.close()
+
+
 def test_async_score_inside_a_running_loop_and_sync_refuses() -> None:
     s = scorer("first_number")
     batch = samples(["7"])
