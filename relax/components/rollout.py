@@ -252,7 +252,7 @@ class RolloutRole(PlaneClient):
         if (err := self._failure()) is not None:
             raise err
 
-    async def prepare_weight_update(self, replace_dead: bool) -> dict:
+    async def prepare_weight_update(self, replace_dead: bool, metrics_step: int | None = None) -> dict:
         """`begin_weight_update`, then `elastic_plan`, then (only when the plan is None, and with
         `replace_dead`) `replace_dead_engines`, in one call: the driver's usual push takes three round
         trips (prepare, push, finish) instead of six (~8 ms each on 2 CPU cores).
@@ -260,14 +260,19 @@ class RolloutRole(PlaneClient):
         `check` between an update and its push). Stopping generation and checking the engines run at
         once: both wait on the engines (the aborted requests' answers; a /health probe), and the push
         waits for both (22 -> 12 ms a push on 2 CPU cores).
-        Returns {"plan": elastic_plan's answer, "replaced": replace_dead_engines' answer or None}."""
+        `metrics_step` (streaming modes, the step just trained): its rollout metrics come back too, one
+        Serve call a step less than a separate `metrics` call. They are read before generation stops: a
+        trained step's data is complete, so this does not wait, and nothing it reads waits on a push.
+        Returns {"plan": elastic_plan's answer, "replaced": replace_dead_engines' answer or None,
+        "metrics": the step's rollout metrics (empty without `metrics_step`)}."""
         await self.check()
+        metrics = await self.metrics(metrics_step) if metrics_step is not None else {}
         plan = await self.elastic_plan()
         checking = replace_dead and plan is None
         _, replaced = await asyncio.gather(
             self.begin_weight_update(), self.replace_dead_engines() if checking else _none()
         )
-        return {"plan": plan, "replaced": replaced}
+        return {"plan": plan, "replaced": replaced, "metrics": metrics}
 
     async def finish_weight_update(self, trained_step: int, admit: bool) -> list[str]:
         """`admit_engines` (after a push that reached them) and `end_weight_update`, in one call."""

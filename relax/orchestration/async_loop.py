@@ -62,6 +62,7 @@ class StepFlow:
         self.overlap = False
         self._ahead: tuple[int, Any] | None = None  # (step, its `train` response) sent ahead
         self._pushing = 0  # the trained step whose weights the push in progress sends
+        self.rollout_metrics: dict[str, float] = {}  # of the step last pushed (`begin_push`)
 
     def start(self, first_step: int) -> None:
         """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
@@ -72,17 +73,20 @@ class StepFlow:
         self.rollout.start.remote(first_step).result()
         logger.info("streaming from step %d (%s)", first_step, ", ".join(["rollout", *self.stages]))
 
-    def begin_push(self, trained_step: int) -> None:
+    def begin_push(self, trained_step: int, rollout_metrics: bool = False) -> None:
         """Send the first call of the push of `trained_step`'s weights (the Rollout's
         `prepare_weight_update`), then, after an update, the checks that follow it (the heartbeats; in
         streaming modes the stage roles' metrics of the step), which `push_weights` reads while the
-        prepare runs.
+        prepare runs. `rollout_metrics` (streaming modes): the prepare also brings the trained step's
+        rollout metrics, read after the push from `self.rollout_metrics`.
         The Controller calls this as soon as the update ends, before anything else it sends then (the
         next update, under overlap_push): in fully_async the push is on the chain that sets the pace
         (docs/modes.md), and each Serve call sent before it delayed it by ~2-3 ms on 2 CPU cores."""
         self.settle()
         self._pushing = trained_step
-        self._preparing = self.rollout.prepare_weight_update.remote(self.health is not None)
+        self._preparing = self.rollout.prepare_weight_update.remote(
+            self.health is not None, trained_step if rollout_metrics else None
+        )
         if self._trained is not None:  # the prepare raises the Rollout's failure
             self._after = self._ask_checks(self._trained, rollout=False)
             self._trained = None
@@ -108,6 +112,7 @@ class StepFlow:
                 self._read_after_train()
             finally:
                 prep = preparing.result()
+            self.rollout_metrics = prep.get("metrics", {})
             plan = self._apply_engine_changes(prep["plan"])
             if plan is None and self._regroup:
                 urls = self.rollout.engine_urls.remote().result()

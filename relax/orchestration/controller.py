@@ -205,21 +205,21 @@ class Controller:
                 self.flow.check(max_age_s=POLL_S)
                 phases = StepPhases()
                 with phases.phase("step_time"):
-                    with phases.phase("rollout"):
-                        if self.flow.streaming:  # started ahead, in the background, gated by staleness;
-                            # the Actor waits for the step's rows itself, so its metrics are read after
-                            rollout_pending = self.rollout.metrics.remote(step + 1)
-                        else:
+                    # streaming modes: the step was started ahead, in the background, gated by
+                    # staleness; the Actor waits for its rows itself, and its metrics come with the push
+                    if not self.flow.streaming:
+                        with phases.phase("rollout"):
                             rollout_metrics = self.rollout.generate.remote(step + 1).result()
                     with phases.phase("train"):
                         train_metrics = self.flow.train(step + 1)
-                    self.flow.begin_push(step + 1)  # first: the push is on fully_async's critical chain
+                    # first: the push is on fully_async's critical chain
+                    self.flow.begin_push(step + 1, rollout_metrics=self.flow.streaming)
                     if self._may_train_ahead(step + 2):  # overlap_push: step + 2 trains during the push
                         self.flow.train_ahead(step + 2)
-                    if self.flow.streaming:
-                        rollout_metrics = rollout_pending.result()
                     with phases.phase("weight_sync"):
                         version = self.flow.push_weights(step + 1)
+                    if self.flow.streaming:
+                        rollout_metrics = self.flow.rollout_metrics
                 step += 1
                 metrics = {
                     **rollout_metrics,

@@ -73,6 +73,9 @@ class FakeRollout:
     async def elastic_plan(self) -> None:
         return None
 
+    async def metrics(self, step: int) -> dict[str, float]:
+        return {"rollout/step": float(step)}
+
     async def finish_weight_update(self, trained_step: int, admit: bool) -> list[str]:
         return []
 
@@ -102,6 +105,18 @@ def test_a_step_asks_the_rollout_only_to_prepare_and_finish():
     assert rollout.calls == ["prepare_weight_update", "finish_weight_update"]
     assert actor.calls == ["train", "push_weights"]
     assert rollout.target.began == 1
+
+
+def test_the_push_brings_the_trained_steps_rollout_metrics_without_a_call_of_its_own():
+    f, rollout, _ = flow()
+    f.train(3)
+    f.begin_push(3, rollout_metrics=True)
+    assert f.push_weights(3) == 1 and f.rollout_metrics == {"rollout/step": 3.0}
+    f.settle()
+    f.train(4)
+    f.push_weights(4)  # begun here, as at the first push: no metrics asked
+    assert f.rollout_metrics == {}
+    assert rollout.calls == ["prepare_weight_update", "finish_weight_update"] * 2
 
 
 class VersionedActor(FakeActor):
