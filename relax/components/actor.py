@@ -334,14 +334,17 @@ def _sync_mode(cfg: RelaxConfig) -> str:
 
 def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
     """How far the engine's behaviour log-probs are from the trainer's (same weights in colocate mode)."""
-    diffs = []
-    for old, rollout, mask in zip(batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, strict=True):
-        if len(rollout) == len(old) and len(old):
-            m = torch.tensor(mask, dtype=torch.bool)
-            diffs.append((old - torch.tensor(rollout))[m].abs())
-    if not diffs:
+    rows = zip(batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, strict=True)
+    kept = [(old, rollout, mask) for old, rollout, mask in rows if len(rollout) == len(old) and len(old)]
+    if not kept:
         return {}
-    d = torch.cat(diffs)
+    # one tensor op over the batch: per-sample tensors cost ~2 ms a step of 128 samples, on the update's path
+    old = torch.cat([o.reshape(-1) for o, _, _ in kept]).float()
+    rollout = torch.tensor([x for _, r, _ in kept for x in r], dtype=torch.float32)
+    mask = torch.tensor([bool(m) for _, _, ms in kept for m in ms], dtype=torch.bool)
+    d = (old - rollout)[mask].abs()
+    if not d.numel():
+        return {}
     return {
         "train/rollout_logp_abs_diff_mean": float(d.mean()),
         "train/rollout_logp_abs_diff_max": float(d.max()),
