@@ -217,7 +217,21 @@ class TransferQueueDataPlane:
         if missing:
             raise KeyError(f"rows {missing} are not in partition {partition!r}")
         sub = meta.select_samples([pos[i] for i in indexes])
-        await self._call("put", _tensordict(columns, len(indexes)), metadata=sub)
+        await self._put_values(_tensordict(columns, len(indexes)), sub)
+
+    async def _put_values(self, data: Any, meta: Any) -> None:
+        """Write `data` into rows that exist. TQ's `put` also sends every row's custom meta to the
+        controller, even unchanged: here it is the group ids and lengths `put_rows` set, so that is one
+        controller round trip a write for nothing (~1% of fully_async's CPU on 2 cores, from Advantages and
+        the controller), and a write that raced the partition's clearing logged a warning. So the values
+        go straight to the storage units, which mark them ready in the controller; a TQ client without
+        that storage manager takes the full `put`."""
+        client = self._async_client()
+        put_data = getattr(getattr(client, "storage_manager", None), "put_data", None)
+        if put_data is None:
+            await self._call("put", data, metadata=meta)
+            return
+        await put_data(data, meta)
 
     async def get(
         self,

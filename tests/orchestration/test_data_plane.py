@@ -89,15 +89,26 @@ def test_local_data_plane_contract():
 
 
 @pytest.mark.slow
-def test_transferqueue_data_plane_contract(ray_cluster):
+def test_transferqueue_data_plane_contract(ray_cluster, monkeypatch):
+    from transfer_queue.client import AsyncTransferQueueClient
+
     from relax.distributed.tq_data_plane import TransferQueueDataPlane
 
+    sent = []  # custom meta sent to the controller: by put_rows only, never again by put_columns
+    original = AsyncTransferQueueClient.async_set_custom_meta
+
+    async def counting(self, metadata, *args, **kwargs):
+        sent.append(sorted(set(metadata.partition_ids)))
+        return await original(self, metadata, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncTransferQueueClient, "async_set_custom_meta", counting)
     plane = TransferQueueDataPlane.create()
     try:
         asyncio.run(contract(plane))
         asyncio.run(packed_rows(plane))
     finally:
         asyncio.run(plane.close())
+    assert sent == [["p"], ["q"], ["r"]]
 
 
 def test_roles_connect_to_the_plane_on_first_use():
