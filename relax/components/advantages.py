@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 
 import torch
@@ -33,7 +32,6 @@ from relax.distributed.data_plane import (
 )
 
 logger = logging.getLogger(__name__)
-QUIET_MAX_S = 0.5  # the longest sleep before the fast polls (a slow first step must not delay the next)
 
 
 def batch_advantages(
@@ -107,14 +105,12 @@ class AdvantagesRole(PlaneClient):
             self.inputs.append(REF_LOG_PROBS)
         self.step_metrics: dict[int, dict[str, float]] = {}
         self.task = f"advantages-{uuid.uuid4().hex[:8]}"  # a restarted replica is a new consumer
-        self._quiet_s = 0.0  # how long the next wait sleeps after a first poll that finds no step
         self._task: asyncio.Task | None = None
 
     async def process(self, step: int, timeout_s: float | None = None) -> None:
         """Advantages of step `step`: blocks until every row has the input columns."""
         r = self.cfg.rollout
         partition = partition_name(step)
-        started = time.monotonic()
         data = await self.plane.get(
             partition,
             self.inputs,
@@ -122,12 +118,7 @@ class AdvantagesRole(PlaneClient):
             r.rows_per_step,
             timeout_s=timeout_s,
             poll_max_s=STAGE_POLL_S,
-            quiet_s=self._quiet_s,
         )
-        # Steps come at a steady pace: the next one's rows are about as far away as this one's were, so
-        # the wait for them sleeps through half of that before polling fast (17 -> ~7 polls a step on 2
-        # CPU cores, where every poll costs the controller and this role ~1 ms of CPU).
-        self._quiet_s = min(QUIET_MAX_S, 0.5 * (time.monotonic() - started))
         batch = advantage_inputs(data.columns, self.pi_old)
         metrics = await asyncio.to_thread(batch_advantages, self.cfg, batch, None)
         columns = {ADVANTAGES: tensor_column(batch.advantages)}

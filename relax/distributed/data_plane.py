@@ -28,12 +28,11 @@ logger = logging.getLogger(__name__)
 # that tells a long step (a long-reasoning rollout can take many minutes) from a stalled producer or rows
 # the sampler cannot serve.
 STALL_WARN_S = 300.0
-# fully_async: how often a stage role (ActorFwd, Reference, Advantages) polls a polling plane while it
-# waits for a step's rows. Its column is the last thing the Actor waits for, so the poll interval is on
-# the step's critical path: at the plane's default (up to 50 ms) Advantages saw a finished step 37 ms
-# later on average on 2 CPU cores, at 10 ms 12 ms later. Each poll is a controller round trip (~1 ms of
-# CPU on both sides), so a role that waits a whole step for its rows first sleeps through part of the
-# wait it had last step (`quiet_s` of `DataPlane.get`).
+# fully_async: how often a stage role (ActorFwd, Reference, Advantages) polls a polling plane that has no
+# doorbell (`relax.distributed.doorbell`; TransferQueue started by Relax has one) while it waits for a
+# step's rows. Its column is the last thing the Actor waits for, so the poll interval is on the step's
+# critical path: at the plane's default (up to 50 ms) Advantages saw a finished step 37 ms later on
+# average on 2 CPU cores, at 10 ms 12 ms later.
 STAGE_POLL_S = 0.01
 
 # -- columns, by producer ---------------------------------------------------------------------------
@@ -89,13 +88,11 @@ class DataPlane(Protocol):
         num_ranks: int = 1,
         timeout_s: float | None = None,
         poll_max_s: float | None = None,
-        quiet_s: float = 0.0,
     ) -> DataBatch:
         """Block until the sampler can hand `task` `batch_size` rows holding all `columns`; mark them
-        consumed by `task`. Raises `TimeoutError` after `timeout_s`. `poll_max_s`: a plane that polls
-        (TransferQueue) polls at least this often, for a consumer whose wait is on the critical path;
-        `quiet_s`: such a plane waits this long after a first poll that finds too few rows before it
-        polls again (a consumer that expects them no sooner). Event-driven planes ignore both."""
+        consumed by `task`. Raises `TimeoutError` after `timeout_s`. `poll_max_s`: a plane that polls on
+        a timer (TransferQueue without a doorbell) polls at least this often, for a consumer whose wait is
+        on the critical path; event-driven planes, and TransferQueue woken by its doorbell, ignore it."""
 
     async def clear(self, partition: str) -> None:
         """Forget a partition (rows, columns, consumption)."""
@@ -169,7 +166,6 @@ class LocalDataPlane:
         num_ranks: int = 1,
         timeout_s: float | None = None,
         poll_max_s: float | None = None,  # woken by every write: nothing to poll
-        quiet_s: float = 0.0,
     ) -> DataBatch:
         async def wait() -> DataBatch:
             started = warned = time.monotonic()

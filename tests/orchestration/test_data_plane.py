@@ -4,7 +4,6 @@ producers, consumers tracked by task name, `get` blocking until the requested co
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -245,34 +244,13 @@ def test_tq_plane_warns_while_a_wait_stalls(monkeypatch, caplog):
         assert "whole_groups" in warnings[0] and held in warnings[0], warnings
 
 
-class _CountingClient(_StalledClient):
-    """A stalled client that records when the waiting task polled."""
+def test_tq_plane_refuses_values_that_are_not_plain():
+    """Values cross TransferQueue as msgpack: a tensor handed to `put_columns` is refused with the fix."""
+    import torch
 
-    def __init__(self) -> None:
-        self.polls: list[float] = []
+    from relax.distributed.tq_data_plane import _tensordict, _to_values
 
-    def get_meta(self, mode, **kwargs):
-        if mode == "fetch":
-            self.polls.append(time.monotonic())
-        return super().get_meta(mode, **kwargs)
-
-
-def test_tq_plane_sleeps_through_the_quiet_time_before_polling_fast():
-    """`quiet_s`: after a first poll that finds no rows, the wait sleeps that long, then polls every
-    `poll_max_s`: fewer controller round trips for a consumer that expects the rows later."""
-    from relax.distributed.tq_data_plane import TransferQueueDataPlane
-
-    def polls(quiet_s: float) -> list[float]:
-        client = _CountingClient()
-        with pytest.raises(TimeoutError):
-            asyncio.run(
-                TransferQueueDataPlane(client).get(
-                    "train_1", ["reward"], "advantages", 8, timeout_s=0.5, poll_max_s=0.01, quiet_s=quiet_s
-                )
-            )
-        return client.polls
-
-    quiet, fast = polls(0.3), polls(0.0)
-    assert quiet[1] - quiet[0] >= 0.3  # nothing between the first poll and the end of the quiet time
-    assert max(b - a for a, b in zip(quiet[1:], quiet[2:], strict=False)) < 0.2  # then the fast polls
-    assert len(quiet) < 0.7 * len(fast), (len(quiet), len(fast))
+    packed = _tensordict({"advantages": [[1.0, -0.5], [2.0]], "reward": [1.0, 0.0]}, 2)
+    assert _to_values(packed["advantages"], 2) == [[1.0, -0.5], [2.0]]
+    with pytest.raises(TypeError, match="'log_probs'.*tensor_column"):
+        _tensordict({"log_probs": [torch.tensor([0.5])]}, 1)
