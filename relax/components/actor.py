@@ -25,6 +25,7 @@ from relax.data.rows import batch_from_columns
 from relax.distributed.actor_group import TrainerGroup
 from relax.distributed.data_plane import (
     ADVANTAGES,
+    ADVANTAGES_METRICS,
     LOG_PROBS,
     REF_LOG_PROBS,
     ROLLOUT_COLUMNS,
@@ -59,7 +60,7 @@ class ActorRole(PlaneClient):
         # fully_async: under `old_log_probs: rollout` there is no ActorFwd and pi_old is filled from the
         # rollout log-probs in `train_sync`
         pi_old = [] if cfg.algorithm.old_log_probs == "rollout" else [LOG_PROBS]
-        self.train_columns = ROLLOUT_COLUMNS + pi_old + [ADVANTAGES]
+        self.train_columns = ROLLOUT_COLUMNS + pi_old + [ADVANTAGES, ADVANTAGES_METRICS]
         if needs_reference(cfg):
             self.train_columns.append(REF_LOG_PROBS)
         self.loss_fn = make_policy_loss(cfg.algorithm)
@@ -113,9 +114,12 @@ class ActorRole(PlaneClient):
         last = step >= self.cfg.trainer.num_steps
         if self.prefetch and self.fetch_with_update and not last:
             self._next = (step + 1, asyncio.create_task(self._fetch(step + 1, ahead=True)))
+        stage_metrics: dict[str, float] = {}  # fully_async: Advantages' metrics of the step
+        for m in columns.pop(ADVANTAGES_METRICS, []):
+            stage_metrics.update(m)
         with timer("decode", times):
             batch = batch_from_columns(columns)
-        metrics = await asyncio.to_thread(self.train_sync, batch, times)
+        metrics = {**stage_metrics, **await asyncio.to_thread(self.train_sync, batch, times)}
         if self.overlap_push:
             await asyncio.to_thread(self._keep_weights)
         if self.prefetch and not self.fetch_with_update and not last:

@@ -1,6 +1,7 @@
 """The Advantages role (fully_async): waits until a step's rows carry old and (when the algorithm needs
 them) reference log-probs, computes the step's advantages with the configured algorithm and writes
-`advantages` (and `returns`) back. `batch_advantages` is the same computation the Actor runs in process
+`advantages` (and `returns`) back, with the step's `advantages/*` metrics (`ADVANTAGES_METRICS`, which
+the Actor reports with its own). `batch_advantages` is the same computation the Actor runs in process
 in colocate and hybrid mode.
 
 A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
@@ -22,6 +23,7 @@ from relax.data.batch import TrainBatch, pad_ragged
 from relax.data.rows import tensor_column
 from relax.distributed.data_plane import (
     ADVANTAGES,
+    ADVANTAGES_METRICS,
     LOG_PROBS,
     REF_LOG_PROBS,
     RETURNS,
@@ -103,7 +105,6 @@ class AdvantagesRole(PlaneClient):
         self.inputs = ["loss_mask", "reward", "group_id", self.pi_old]
         if needs_reference(cfg):
             self.inputs.append(REF_LOG_PROBS)
-        self.step_metrics: dict[int, dict[str, float]] = {}
         self.task = f"advantages-{uuid.uuid4().hex[:8]}"  # a restarted replica is a new consumer
         self._task: asyncio.Task | None = None
 
@@ -121,11 +122,13 @@ class AdvantagesRole(PlaneClient):
         )
         batch = advantage_inputs(data.columns, self.pi_old)
         metrics = await asyncio.to_thread(batch_advantages, self.cfg, batch, None)
-        columns = {ADVANTAGES: tensor_column(batch.advantages)}
+        columns = {
+            ADVANTAGES: tensor_column(batch.advantages),
+            ADVANTAGES_METRICS: [metrics] + [{}] * (len(data.indexes) - 1),
+        }
         if batch.returns is not None:
             columns[RETURNS] = tensor_column(batch.returns)
         await self.plane.put_columns(partition, data.indexes, columns)
-        self.step_metrics[step] = metrics
 
     async def start(self, first_step: int) -> None:
         self._task = asyncio.create_task(self._run(first_step))
@@ -136,10 +139,11 @@ class AdvantagesRole(PlaneClient):
             step += 1
 
     async def metrics(self, step: int) -> dict[str, float]:
-        """Metrics of step `step` (empty when not computed); raises the background loop's failure."""
+        """Raises the background loop's failure. The step's metrics travel with its rows
+        (`ADVANTAGES_METRICS`), so this returns {}."""
         if self._task is not None and self._task.done() and self._task.exception() is not None:
             raise self._task.exception()
-        return self.step_metrics.pop(step, {})
+        return {}
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -54,9 +54,8 @@ class StepFlow:
         self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push, not awaited
         self._preparing: Any = None  # the Rollout's `prepare_weight_update` sent by `begin_push`
         self._trained: int | None = None  # the step whose update ended since the last push began
-        self._after: Callable[[], dict[str, float]] | None = None  # the post-train checks, asked not read
+        self._after: Callable[[], None] | None = None  # the post-train checks, asked not read
         self._checked_at = -math.inf  # when the background roles were last checked (monotonic)
-        self.step_metrics: dict[str, float] = {}  # the stage roles' metrics of the last trained step
         # overlap_push (relax/orchestration/registry.py): the next update is sent before the push, which
         # then sends the copy of the weights the Actor kept for the trained step
         self.overlap = False
@@ -75,9 +74,8 @@ class StepFlow:
 
     def begin_push(self, trained_step: int, rollout_metrics: bool = False) -> None:
         """Send the first call of the push of `trained_step`'s weights (the Rollout's
-        `prepare_weight_update`), then, after an update, the checks that follow it (the heartbeats; in
-        streaming modes the stage roles' metrics of the step), which `push_weights` reads while the
-        prepare runs. `rollout_metrics` (streaming modes): the prepare also brings the trained step's
+        `prepare_weight_update`), then, after an update, the check that follows it (the heartbeats),
+        which `push_weights` reads while the prepare runs. `rollout_metrics` (streaming modes): the prepare also brings the trained step's
         rollout metrics, read after the push from `self.rollout_metrics`.
         The Controller calls this as soon as the update ends, before anything else it sends then (the
         next update, under overlap_push): in fully_async the push is on the chain that sets the pace
@@ -88,7 +86,7 @@ class StepFlow:
             self.health is not None, trained_step if rollout_metrics else None
         )
         if self._trained is not None:  # the prepare raises the Rollout's failure
-            self._after = self._ask_checks(self._trained, rollout=False)
+            self._after = self._ask_checks(rollout=False, stages=False)
             self._trained = None
 
     def push_weights(self, trained_step: int) -> int:
@@ -188,8 +186,8 @@ class StepFlow:
 
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface.
-        The checks that follow an update go out with the push (`begin_push`); `step_metrics` then holds
-        the stage roles' metrics."""
+        The checks that follow an update go out with the push (`begin_push`). Advantages' metrics of the
+        step come with the Actor's (through the data plane)."""
         self.training_step = step
         ahead, self._ahead = self._ahead, None
         response = ahead[1] if ahead is not None and ahead[0] == step else self.actor.train.remote(step)
@@ -213,52 +211,55 @@ class StepFlow:
     def training_ahead(self) -> bool:
         return self._ahead is not None
 
-    def _ask_checks(self, step: int, rollout: bool = True) -> Callable[[], dict[str, float]]:
-        """Send the background checks now; the returned function reads them (raising a failure) and
-        returns the stage roles' metrics of `step` (-1: none). The heartbeats are read first: when the
-        HealthManager restarts a stage role, the stage roles are asked again, on the new handles.
-        `rollout=False` leaves out the Rollout's `check` (after an update: `prepare_weight_update`, sent
-        next, raises the same failure; one Serve round trip less a step, ~3-4 ms of CPU on 2 cores)."""
+    def _ask_checks(self, rollout: bool = True, stages: bool = True) -> Callable[[], None]:
+        """Send the background checks now; the returned function reads them, raising a failure. The
+        heartbeats are read first: when the HealthManager restarts a stage role, the stage roles are
+        asked again, on the new handles.
+        After an update only the heartbeats are asked (`begin_push`): `prepare_weight_update`, sent
+        first, raises the Rollout's failure, and a stage role's failure stops the Actor's next step, whose
+        wait checks every `POLL_S`, as does the loop (`check(max_age_s=POLL_S)`). Each Serve round trip
+        left out is ~3-4 ms of CPU a step on 2 cores."""
         asked = self.health.ask() if self.health is not None else None
         rollout = self.rollout.check.remote() if self.streaming and rollout else None
+        stages = stages and self.streaming
 
         def ask_stages() -> list:
-            return [handle.metrics.remote(step) for handle in self.stages.values()] if self.streaming else []
+            return [handle.metrics.remote(-1) for handle in self.stages.values()] if stages else []
 
-        stages = ask_stages()
+        responses = ask_stages()
 
-        def read() -> dict[str, float]:
-            nonlocal stages
+        def read() -> None:
+            nonlocal responses
             if self.health is not None:
                 restarts = sum(self.health.role_restarts.values())
                 self.health.check(self.restart_stage, asked)
                 if sum(self.health.role_restarts.values()) != restarts:
-                    stages = ask_stages()
-            metrics: dict[str, float] = {}
+                    responses = ask_stages()
             if rollout is not None:
                 rollout.result()
-            for response in stages:
+            for response in responses:
                 try:
-                    metrics.update(response.result())
+                    response.result()
                 except ReplicaGone:
                     if self.health is None:
                         raise  # without a HealthManager nobody would restart it
-            self._checked_at = time.monotonic()
-            return metrics
+            if stages or not self.streaming:
+                self._checked_at = time.monotonic()
 
         return read
 
     def _read_after_train(self) -> None:
         after, self._after = self._after, None
-        self.step_metrics = after() if after is not None else {}
+        if after is not None:
+            after()
 
     def check(self, max_age_s: float = 0.0) -> None:
         """Let the HealthManager restart failed stage roles; raise the failure of any background role.
         Asked together: one round trip instead of one per role. `max_age_s`: skip when the roles were
-        checked less than this long ago (the last step's post-train checks count)."""
+        checked less than this long ago."""
         if time.monotonic() - self._checked_at < max_age_s:
             return
-        self._ask_checks(-1)()
+        self._ask_checks()()
 
     def restart_stage(self, name: str) -> None:
         """Redeploy role `name`; a stage role continues from the step in training, or after the last step

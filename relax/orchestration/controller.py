@@ -224,7 +224,6 @@ class Controller:
                 metrics = {
                     **rollout_metrics,
                     **train_metrics,
-                    **self.flow.step_metrics,
                     **phases.times,
                     "weight_version": version,
                 }

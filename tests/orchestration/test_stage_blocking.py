@@ -15,7 +15,13 @@ from relax.components.advantages import AdvantagesRole
 from relax.config import load_config
 from relax.data.rows import sample_to_row
 from relax.data.sample import Sample
-from relax.distributed.data_plane import ADVANTAGES, LOG_PROBS, REF_LOG_PROBS, LocalDataPlane
+from relax.distributed.data_plane import (
+    ADVANTAGES,
+    ADVANTAGES_METRICS,
+    LOG_PROBS,
+    REF_LOG_PROBS,
+    LocalDataPlane,
+)
 from relax.orchestration.registry import roles_for_mode
 
 
@@ -54,9 +60,9 @@ async def put_step(plane, step):
     """Step `step`'s rows with their advantages, as the Actor takes them in fully_async."""
     rows = step_rows()
     ids = await plane.put_rows(f"train_{step}", rows)
-    await plane.put_columns(
-        f"train_{step}", ids, {ADVANTAGES: [[1.0] * len(r["response_ids"]) for r in rows]}
-    )
+    advantages = [[1.0] * len(r["response_ids"]) for r in rows]
+    metrics = [{"advantages/advantage_std": 0.0}] + [{}] * (len(rows) - 1)
+    await plane.put_columns(f"train_{step}", ids, {ADVANTAGES: advantages, ADVANTAGES_METRICS: metrics})
 
 
 def test_advantages_wait_for_log_probs_and_ref_log_probs(cfg):
@@ -91,6 +97,7 @@ def test_actor_does_not_train_on_rows_missing_a_column(cfg):
         ids = await plane.put_rows("train_1", rows)
         fake = {LOG_PROBS: [[-1.0] * len(r["response_ids"]) for r in rows]}
         fake[ADVANTAGES] = [[1.0] * len(r["response_ids"]) for r in rows]
+        fake[ADVANTAGES_METRICS] = [{"advantages/advantage_std": 0.5}] + [{}] * (len(rows) - 1)
         await plane.put_columns("train_1", ids, fake)  # everything but ref_log_probs
         train = asyncio.create_task(actor.train(1))
         await asyncio.sleep(0.5)
@@ -101,6 +108,7 @@ def test_actor_does_not_train_on_rows_missing_a_column(cfg):
         await plane.put_columns("train_1", ids[3:], {REF_LOG_PROBS: fake[LOG_PROBS][3:]})
         metrics = await asyncio.wait_for(train, 60)
         assert actor.trainer.step == 1 and "train/loss" in metrics
+        assert metrics["advantages/advantage_std"] == 0.5  # Advantages' metrics come with the rows
         assert plane.status("train_1") == {"rows": 0}  # cleared after training
 
     asyncio.run(main())
@@ -128,6 +136,7 @@ def test_rollout_log_probs_as_pi_old_need_no_actor_fwd(cfg):
         metrics = await asyncio.wait_for(actor.train(1), 60)
         assert actor.trainer.step == 1 and "train/loss" in metrics
         assert metrics["perf/actor_old_log_probs_s"] >= 0.0  # filled in process from the rollout column
+        assert "advantages/advantage_std" in metrics and "advantages/reward_mean" in metrics
 
     asyncio.run(main())
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0})

@@ -119,6 +119,38 @@ def test_the_push_brings_the_trained_steps_rollout_metrics_without_a_call_of_its
     assert rollout.calls == ["prepare_weight_update", "finish_weight_update"] * 2
 
 
+class FakeStage:
+    """A stage role (Advantages) whose background loop may have failed."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    async def metrics(self, step: int) -> dict[str, float]:
+        if self.error is not None:
+            raise self.error
+        return {}
+
+
+def test_a_step_calls_no_stage_role_and_the_periodic_check_raises_its_failure():
+    """Advantages' metrics come with the Actor's, so a step makes no call to the stage roles; the loop's
+    periodic check (and a long wait for the Actor) still asks them and raises a failed loop."""
+    rollout, actor, stage = Handle(FakeRollout()), Handle(FakeActor()), Handle(FakeStage())
+    f = StepFlow("fully_async", {"rollout": rollout, "actor": actor, "advantages": stage})
+    for step in (1, 2):
+        f.train(step)
+        f.begin_push(step, rollout_metrics=True)
+        f.push_weights(step)
+        f.settle()
+    assert stage.calls == []
+    f.check(max_age_s=2.0)  # the stage roles were never checked: asked now
+    assert stage.calls == ["metrics"]
+    stage.target.error = RuntimeError("advantages: step 3 failed")
+    f.check(max_age_s=60.0)  # checked a moment ago: not asked again
+    assert stage.calls == ["metrics"]
+    with pytest.raises(RuntimeError, match="step 3 failed"):
+        f.check()
+
+
 class VersionedActor(FakeActor):
     """Records which version each push asked for."""
 
