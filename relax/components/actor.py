@@ -32,6 +32,7 @@ from relax.distributed.data_plane import (
     DataPlane,
     PlaneClient,
     partition_name,
+    sub_batch_groups,
 )
 from relax.distributed.samplers import balance_partitions
 from relax.distributed.weight_publisher import WeightPublisher
@@ -172,7 +173,7 @@ class ActorRole(PlaneClient):
         self, partition: str, total: int, times: dict[str, float], poll_max_s: float | None = None
     ) -> dict[str, list]:
         r = self.cfg.rollout
-        chunk = r.n_samples_per_prompt * max(1, r.prompts_per_step // 4)  # sub-batch of whole groups
+        chunk = r.n_samples_per_prompt * sub_batch_groups(r.prompts_per_step)  # sub-batch of whole groups
         columns: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
         columns[LOG_PROBS], columns[REF_LOG_PROBS] = [], []
         while len(columns["reward"]) < total:

@@ -29,6 +29,7 @@ from relax.distributed.data_plane import (
     DataPlane,
     PlaneClient,
     partition_name,
+    sub_batch_groups,
 )
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class ActorFwdRole(PlaneClient):
                 await self._weights_changed.wait_for(lambda: self.trained_through >= step - 1)
         r = self.cfg.rollout
         total = r.rows_per_step
-        chunk = r.n_samples_per_prompt * max(1, r.prompts_per_step // 4)  # sub-batch of whole groups
+        chunk = r.n_samples_per_prompt * sub_batch_groups(r.prompts_per_step)  # sub-batch of whole groups
         partition = partition_name(step)
         done = 0
         while done < total:

@@ -25,6 +25,7 @@ from relax.engine.router import Router
 from relax.engine.step_assembler import StepAssembler
 from relax.engine.step_producer import StepProducer
 from relax.ops.engine_recovery import EngineSupervisor
+from relax.orchestration.registry import groups_per_put
 from relax.orchestration.staleness import StalenessGate
 from relax.rewards import build_scorer
 
@@ -150,7 +151,8 @@ class RolloutRole(PlaneClient):
     async def _write(self, step: int, group: list[Sample]) -> None:
         contexts = self.cfg.rollout.agent.contexts_per_sample
         if self._writer is None:
-            self._writer = RowWriter(self.plane)
+            r = self.cfg.rollout
+            self._writer = RowWriter(self.plane, groups_per_put(self.cfg), r.prompts_per_step)
         await self._writer.write(partition_name(step), samples_to_rows(group, contexts))
 
     async def generate(self, step: int) -> dict[str, float]:

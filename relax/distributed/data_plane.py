@@ -57,6 +57,12 @@ ADVANTAGES_METRICS = "advantages_metrics"
 RETURNS = "returns"  # Advantages (critic algorithms): [R]
 
 
+def sub_batch_groups(prompts_per_step: int) -> int:
+    """Prompt groups in the sub-batches a streaming forward takes as they arrive (the in-process Actor's,
+    ActorFwd's and Reference's): a quarter step."""
+    return max(1, prompts_per_step // 4)
+
+
 def partition_name(step: int) -> str:
     """The partition holding training step `step`'s data."""
     return f"train_{step}"
@@ -219,24 +225,43 @@ class RowWriter:
     together in the next put. No timer: a lone write goes out at once, and under load the puts grow
     instead of queueing (each put costs the plane's round trips and its per-call work, which on 2 CPU
     cores competes with the trainer). Each `write` returns when its own rows are in the plane, or raises
-    the error of the put that carried them."""
+    the error of the put that carried them.
 
-    def __init__(self, plane: DataPlane) -> None:
+    `writes_per_put` > 1: a put also waits until that many writes are waiting for the partition, or until
+    its last write (the `writes_per_partition`-th) arrived: when every reader of the partition takes a
+    batch of that size, smaller puts only cost round trips."""
+
+    def __init__(
+        self, plane: DataPlane, writes_per_put: int = 1, writes_per_partition: int | None = None
+    ) -> None:
+        if writes_per_put > 1 and writes_per_partition is None:
+            raise ValueError("RowWriter: writes_per_put > 1 needs writes_per_partition (to flush the last)")
         self.plane = plane
+        self.writes_per_put, self.writes_per_partition = writes_per_put, writes_per_partition
         self._waiting: dict[str, list[tuple[list[dict[str, Any]], asyncio.Future]]] = {}
+        self._written: dict[str, int] = {}  # partition -> writes received (with writes_per_put > 1)
         self._drains: dict[str, asyncio.Task] = {}
         self.puts = 0  # puts made (for tests and benchmarks)
 
     async def write(self, partition: str, rows: list[dict[str, Any]]) -> None:
         done = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(partition, []).append((rows, done))
-        if partition not in self._drains:  # a task of its own: a cancelled writer does not stop it
+        if self.writes_per_put > 1:
+            self._written[partition] = self._written.get(partition, 0) + 1
+        if partition not in self._drains and self._ready(partition):
+            # a task of its own: a cancelled writer does not stop it
             self._drains[partition] = asyncio.create_task(self._drain(partition))
         await asyncio.shield(done)
 
+    def _ready(self, partition: str) -> bool:
+        waiting = len(self._waiting.get(partition, ()))
+        if self.writes_per_put <= 1 or waiting >= self.writes_per_put:
+            return waiting > 0
+        return waiting > 0 and self._written.get(partition, 0) >= (self.writes_per_partition or 0)
+
     async def _drain(self, partition: str) -> None:
         try:
-            while batch := self._waiting.pop(partition, None):
+            while self._ready(partition) and (batch := self._waiting.pop(partition, None)):
                 self.puts += 1
                 try:
                     await self.plane.put_rows(partition, [r for rows, _ in batch for r in rows])
@@ -250,6 +275,10 @@ class RowWriter:
                             done.set_result(None)
         finally:
             del self._drains[partition]
+            if partition not in self._waiting and self._written.get(partition, 0) >= (
+                self.writes_per_partition or 0
+            ):
+                self._written.pop(partition, None)
 
 
 ACTOR_NAME, NAMESPACE = "relax_data_plane", "relax"

@@ -167,6 +167,59 @@ def test_row_writer_coalesces_concurrent_writes_and_reports_errors():
     asyncio.run(main())
 
 
+def test_row_writer_waits_for_a_batch_of_writes_or_the_partitions_last():
+    """`writes_per_put`: a put carries at least that many writes, except the partition's last ones; each
+    write returns once its rows are in."""
+    from relax.distributed.data_plane import RowWriter
+
+    class CountingPlane(LocalDataPlane):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[int] = []
+
+        async def put_rows(self, partition, rows):
+            self.calls.append(len(rows))
+            return await super().put_rows(partition, rows)
+
+    async def main():
+        plane = CountingPlane()
+        writer = RowWriter(plane, writes_per_put=4, writes_per_partition=6)
+        first = [asyncio.create_task(writer.write("p", rows(2))) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        assert plane.calls == [] and not any(t.done() for t in first)  # 3 of 4: nothing put yet
+        await asyncio.gather(writer.write("p", rows(2)), *first)
+        assert plane.calls == [8]
+        fifth = asyncio.create_task(writer.write("p", rows(2)))
+        await asyncio.sleep(0.1)
+        assert not fifth.done()
+        await asyncio.gather(writer.write("p", rows(1)), fifth)  # the partition's last write: put now
+        assert plane.calls == [8, 3] and len(plane.partitions["p"].rows) == 11
+        assert not writer._written and not writer._drains  # the finished partition is forgotten
+        with pytest.raises(ValueError, match="writes_per_partition"):
+            RowWriter(plane, writes_per_put=2)
+
+    asyncio.run(main())
+
+
+def test_fully_async_puts_a_step_at_once_when_every_reader_takes_it_whole(tiny_model_dir, arith_file):
+    from relax.config import load_config
+    from relax.orchestration.registry import groups_per_put
+
+    def per_put(*overrides: str) -> int:
+        base = [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files=[{arith_file}]",
+            "rollout.prompts_per_step=16",
+        ]
+        return groups_per_put(load_config(None, [*base, *overrides]))
+
+    whole = ["resources.mode=fully_async", "algorithm.old_log_probs=rollout", "algorithm.kl_coef=0.0"]
+    assert per_put(*whole) == 16  # Advantages and the Actor: whole steps
+    assert per_put(*whole[:2], "algorithm.kl_coef=0.1") == 4  # Reference forwards quarter steps
+    assert per_put("resources.mode=fully_async", "algorithm.old_log_probs=recompute") == 4  # ActorFwd
+    assert per_put("resources.mode=hybrid") == per_put("resources.mode=colocate") == 1
+
+
 class _Partition:
     """The part of a TransferQueue partition `RelaxTQSampler` reads: every row's index and the custom meta
     that has arrived so far."""
