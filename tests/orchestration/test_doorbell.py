@@ -4,6 +4,7 @@ the rings say its rows may be there, and still polls on a slow timer when no rin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -26,12 +27,23 @@ async def _joined(bell: doorbell.Bell, listener: doorbell.Listener) -> None:
     raise AssertionError("the listener never heard the hub")
 
 
+@contextlib.asynccontextmanager
+async def _doorbell():
+    """A hub, a bell and a listener that hears it."""
+    hub = doorbell.DoorbellHub()
+    bell, listener = doorbell.Bell(hub.writers), doorbell.Listener(hub.listeners)
+    try:
+        await _joined(bell, listener)
+        yield hub, bell, listener
+    finally:
+        listener.close()
+        bell.close()
+        hub.close()
+
+
 def test_listener_wakes_on_the_ring_that_completes_the_batch():
     async def run():
-        hub = doorbell.DoorbellHub()
-        bell, listener = doorbell.Bell(hub.writers), doorbell.Listener(hub.listeners)
-        try:
-            await _joined(bell, listener)
+        async with _doorbell() as (_, bell, listener):
             # nothing rung: the wait ends at its timeout (the caller then polls anyway)
             started = time.monotonic()
             assert not await listener.wait("p", ["rows"], 4, 0, 0.2)
@@ -60,10 +72,6 @@ def test_listener_wakes_on_the_ring_that_completes_the_batch():
             listener.drain()
             assert listener.rings("p") == 0 and listener.taken("p", "adv") == 0
             assert not listener.may_hold("p", ["rows"], 1)
-        finally:
-            listener.close()
-            bell.close()
-            hub.close()
 
     asyncio.run(run())
 
@@ -73,35 +81,26 @@ def test_a_missed_ring_is_made_good_by_the_producers_next_one():
     restarted role) counts every row once the producer rings again."""
 
     async def run():
-        hub = doorbell.DoorbellHub()
-        bell, early = doorbell.Bell(hub.writers), doorbell.Listener(hub.listeners)
-        late = None
-        try:
-            await _joined(bell, early)
+        async with _doorbell() as (hub, bell, early):
             bell.ring("p", {"rows": 3})
             assert await early.wait("p", ["rows"], 3, 0, 5.0)
             late = doorbell.Listener(hub.listeners)
-            await _joined(bell, late)
-            assert not late.may_hold("p", ["rows"], 1)  # it missed the first ring
-            bell.ring("p", {"rows": 1})
-            assert await late.wait("p", ["rows"], 4, 0, 5.0)
-            assert await early.wait("p", ["rows"], 4, 1, 5.0)  # totals, not added twice
-            assert not early.may_hold("p", ["rows"], 5)
-        finally:
-            for sock in (early, late, bell):
-                if sock is not None:
-                    sock.close()
-            hub.close()
+            try:
+                await _joined(bell, late)
+                assert not late.may_hold("p", ["rows"], 1)  # it missed the first ring
+                bell.ring("p", {"rows": 1})
+                assert await late.wait("p", ["rows"], 4, 0, 5.0)
+                assert await early.wait("p", ["rows"], 4, 1, 5.0)  # totals, not added twice
+                assert not early.may_hold("p", ["rows"], 5)
+            finally:
+                late.close()
 
     asyncio.run(run())
 
 
 def test_listener_keeps_counts_for_a_bounded_number_of_partitions():
     async def run():
-        hub = doorbell.DoorbellHub()
-        bell, listener = doorbell.Bell(hub.writers), doorbell.Listener(hub.listeners)
-        try:
-            await _joined(bell, listener)
+        async with _doorbell() as (_, bell, listener):
             for step in range(doorbell.HEARD_PARTITIONS + 10):
                 bell.ring(f"train_{step}", {"rows": 1})
             deadline = time.monotonic() + 5
@@ -112,10 +111,6 @@ def test_listener_keeps_counts_for_a_bounded_number_of_partitions():
                 listener.drain()
             assert listener.rings("train_0") == 0  # the oldest were dropped
             assert listener.may_hold(f"train_{doorbell.HEARD_PARTITIONS + 9}", ["rows"], 1)
-        finally:
-            listener.close()
-            bell.close()
-            hub.close()
 
     asyncio.run(run())
 
