@@ -23,6 +23,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 BOARD_NAME, NAMESPACE = "relax_heartbeats", "relax"
+FIRST_BEAT_S = 10.0  # the longest a role's constructor waits for the board to take its first beat
 
 
 class HeartbeatBoard:
@@ -87,14 +88,33 @@ class Heartbeat:
         self.interval_s = interval_s
         self.incarnation = uuid.uuid4().hex
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
 
     def start(self) -> Heartbeat:
+        """Post the first beat and wait for the board to take it, then beat from the thread. A replica
+        that Serve put in place of a dead one is constructed before it takes calls, so its new
+        incarnation is on the board before any call can reach it: a caller that sees a call fail can
+        tell from the board that the replica it initialised is gone."""
+        board = self._first_beat()
+        self._thread = threading.Thread(
+            target=self._run, args=(board,), name=f"heartbeat-{self.name}", daemon=True
+        )
         self._thread.start()
         return self
 
-    def _run(self) -> None:
-        board = None
+    def _first_beat(self) -> Any:
+        import ray
+
+        try:
+            board = get_board()
+            if board is not None:
+                ray.get(board.beat.remote(self.name, self.incarnation, os.getpid()), timeout=FIRST_BEAT_S)
+            return board
+        except Exception:  # noqa: BLE001 - the board may be restarting; the thread beats again
+            logger.warning("%s: the first heartbeat was not taken; beating from the thread", self.name)
+            return None
+
+    def _run(self, board: Any) -> None:
+        self._stop.wait(self.interval_s)
         while not self._stop.is_set():
             try:
                 board = board or get_board()

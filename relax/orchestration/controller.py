@@ -107,6 +107,11 @@ class Controller:
             self.flow.push_weights(start_step)  # engines start from the trainer's weights and version
             self.flow.start(start_step + 1)
             return self._loop(start_step)
+        except Exception as e:
+            failure = self.health.failure_behind(e)
+            if failure is None:
+                raise
+            raise failure from e
         finally:
             self._stop_roles()
 

@@ -102,6 +102,25 @@ class HealthManager:
                 )
         return bad
 
+    def failure_behind(self, error: Exception) -> GlobalRestart | None:
+        """The role failure that explains `error`, raised by a call to a role, if the board shows one: a
+        call that reached the replica Serve put in place of a dead one fails on the state the new
+        replica lacks (weights never connected, a step it never received) before the heartbeats are
+        checked again. Such an error is the replaced role's failure, and restartable; any other error is
+        the caller's to raise."""
+        if isinstance(error, GlobalRestart) or not self.known:
+            return None
+        try:
+            bad = self.failures()
+        except Exception:  # noqa: BLE001 - the board does not answer: the error stands as it is
+            logger.exception("reading the heartbeats after %s failed", type(error).__name__)
+            return None
+        if not bad:
+            return None
+        name = min(bad, key=lambda n: n in STATELESS)  # a role with training state first
+        reason = bad[name]
+        return GlobalRestart(name, f"{reason}; a call failed meanwhile: {type(error).__name__}: {error}")
+
     def check(self, restart_in_place: Callable[[str], None], asked: Any = None) -> None:
         """Restart failed stateless roles with `restart_in_place(name)`; raise `GlobalRestart` for the rest
         (`asked`: a snapshot from `ask()`, else one is asked now)."""
