@@ -64,7 +64,7 @@ def start_engine(model: Path, device: str, port: int, log: Path | None = None) -
 
 
 async def measure(url: str, named, repeats: int, bucket_mb: int, **kw) -> list[float]:
-    from relax.distributed.weight_publisher import WeightPublisher
+    from relax.weights.publisher import WeightPublisher
 
     pub = WeightPublisher(bucket_mb << 20, group_name=f"bench_{time.monotonic_ns()}", **kw)
     await pub.connect([url])
@@ -87,9 +87,9 @@ def main() -> None:
     p.add_argument("--engine-logs", default=None, help="folder for the engines' output (default: dropped)")
     p.add_argument("--only", default="", help="comma-separated transport prefixes to run (default: all)")
     args = p.parse_args()
-    from relax.distributed.weight_publisher import free_port
     from relax.models.tiny import write_tiny_model
     from relax.models.tokenizer import train_tiny_tokenizer
+    from relax.weights.publisher import free_port
 
     gpus = torch.cuda.device_count()
     tmp = Path(tempfile.mkdtemp(prefix="relax-wsync-"))

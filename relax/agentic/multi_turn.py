@@ -30,7 +30,7 @@ from relax.agentic.turns import TurnFormatter, merge_media
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow
 from relax.data.sample import Sample, SampleStatus
-from relax.engine.partial_rollout import InflightRequests
+from relax.rollout.partial_rollout import InflightRequests
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from relax.agentic.multi_agent import apply_advantage_fn, load_advantage_fn, pad
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow
 from relax.data.sample import Sample
-from relax.engine.partial_rollout import InflightRequests
+from relax.rollout.partial_rollout import InflightRequests
 
 
 class AgentRollout:

@@ -217,14 +217,14 @@ class RolloutConfig(Section):
         "goes to the oldest started step still short of groups, so with steps running ahead (hybrid, "
         "fully_async; max_staleness >= 1) a long response no longer holds its step back; pair it with "
         "partial_rollout and a max_aborts above the steps a long response spans "
-        "(relax/engine/step_assembler.py).",
+        "(relax/rollout/step_assembler.py).",
     )
     over_provision: int = Field(
         0,
         ge=0,
         description="Completion order in hybrid/fully_async: keep this many prompt groups in flight beyond "
         "what the started steps take, so a step trains on the first prompts_per_step groups to finish "
-        "(relax/engine/step_assembler.py). 0 = off.",
+        "(relax/rollout/step_assembler.py). 0 = off.",
     )
     mask_offpolicy_tokens: bool = Field(
         False,
@@ -351,7 +351,7 @@ class ResourcesConfig(Section):
     max_staleness: int = Field(
         0,
         ge=0,
-        description="How many steps rollout may run ahead of training (relax/orchestration/staleness.py); "
+        description="How many steps rollout may run ahead of training (relax/rollout/staleness.py); "
         "0 = on-policy. colocate generates each step on request, so it is on-policy whatever this says.",
     )
     data_plane: Literal["transferqueue", "ray"] = Field(
@@ -472,7 +472,7 @@ class OpsConfig(Section):
     max_global_restarts: int = Field(
         2, ge=0, description="Global restarts from the last checkpoint (Actor failure) before the run stops."
     )
-    # -- metrics service and notifications (relax/components/metrics.py, relax/ops/) --
+    # -- metrics service and notifications (relax/roles/metrics.py, relax/ops/) --
     notify_urls: list[str] = Field(
         default_factory=list,
         description="Apprise URLs notified of run start, failures, restarts and the end (e.g. json://host/path).",

@@ -1,6 +1,6 @@
 """Samples to data-plane rows and data-plane columns back to a `TrainBatch`.
 
-Column names live in `relax.distributed.data_plane`; values are plain Python (lists, floats), so every
+Column names live in `relax.dataplane.plane`; values are plain Python (lists, floats), so every
 data-plane implementation stores them as they are.
 """
 
@@ -14,7 +14,7 @@ import torch
 from relax.data.batch import TrainBatch
 from relax.data.mm_codec import decode_inputs, encode_inputs
 from relax.data.sample import Sample
-from relax.distributed.data_plane import ADVANTAGES, LOG_PROBS, REF_LOG_PROBS, RETURNS
+from relax.dataplane.plane import ADVANTAGES, LOG_PROBS, REF_LOG_PROBS, RETURNS
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 the weight-sync group, on the Rollout role's event loop.
 
 Engines join and leave the weight-sync group only at a weight push, where the trainer is idle and its
-weights are final for the step. The push sequence (`relax.orchestration.async_loop.StepFlow`) asks for
+weights are final for the step. The push sequence (`relax.orchestration.step_flow.StepFlow`) asks for
 `plan()` (the members the group should have, or None when it is right), re-forms the group with them
 (`group_formed`, or `join_failed` and a fallback), publishes, and reports `pushed(version)`. So:
 
@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from relax.backends.inference.client import EngineClient
-from relax.distributed.weight_publisher import WeightPublisher
-from relax.engine.router import Router
+from relax.engine_api.client import EngineClient
 from relax.ops.elastic_ops import BadRequest, Conflict, Operation, OperationBook, OpState
+from relax.rollout.router import Router
+from relax.weights.publisher import WeightPublisher
 
 logger = logging.getLogger(__name__)
 S = OpState

@@ -17,19 +17,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from relax.components.metrics import MetricsRole
 from relax.config import RelaxConfig, dump_config
-from relax.distributed.data_plane import DataPlane, create_data_plane
+from relax.dataplane.plane import DataPlane, create_data_plane
 from relax.ops.heartbeat import close_board
 from relax.ops.notify import Notifier
 from relax.ops.trace import StepPhases
 from relax.orchestration import checkpoint as ckpt
 from relax.orchestration import gpus, service
-from relax.orchestration.async_loop import POLL_S, StepFlow
 from relax.orchestration.health import HealthManager
 from relax.orchestration.progress import Progress
 from relax.orchestration.recovery import run_with_restarts
 from relax.orchestration.registry import RoleSpec, overlaps_push, roles_for_mode
+from relax.orchestration.step_flow import POLL_S, StepFlow
+from relax.roles.metrics import MetricsRole
 from relax.utils.timer import timer
 
 SUMMARY = ("rollout/reward_mean", "train/loss", "health/role_restarts", "health/engine_restarts")

@@ -40,7 +40,7 @@ def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
     step = resolve_checkpoint(cfg, checkpoint)
     out_dir = cfg.run.run_dir / "eval_only"
     out_dir.mkdir(parents=True, exist_ok=True)
-    from relax.components.rollout import RolloutRole
+    from relax.roles.rollout import RolloutRole
 
     owns_ray = service.start_ray(
         cfg.resources.ray_address, cfg.resources.num_cpus, cfg.resources.object_store_mb

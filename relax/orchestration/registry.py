@@ -22,8 +22,8 @@ class RoleSpec:
 
 def _colocate() -> list[RoleSpec]:
     """Rollout and Actor take turns; old/ref log-probs and advantages in process on the Actor."""
-    from relax.components.actor import ActorRole
-    from relax.components.rollout import RolloutRole
+    from relax.roles.actor import ActorRole
+    from relax.roles.rollout import RolloutRole
 
     return [
         RoleSpec("rollout", RolloutRole, 1.0, budget="rollout"),
@@ -34,8 +34,8 @@ def _colocate() -> list[RoleSpec]:
 def _fully_async() -> list[RoleSpec]:
     """Every stage its own service, streaming through the data plane (the Reference is added by
     `roles_for_mode` when the algorithm needs one)."""
-    from relax.components.actor_fwd import ActorFwdRole
-    from relax.components.advantages import AdvantagesRole
+    from relax.roles.actor_fwd import ActorFwdRole
+    from relax.roles.advantages import AdvantagesRole
 
     return [
         *_colocate(),
@@ -71,7 +71,7 @@ def groups_per_put(cfg: RelaxConfig) -> int:
     if cfg.resources.mode != "fully_async":
         return 1
     if {"actor_fwd", "reference"} & {role.name for role in roles_for_mode("fully_async", cfg)}:
-        from relax.distributed.data_plane import sub_batch_groups
+        from relax.dataplane.plane import sub_batch_groups
 
         return sub_batch_groups(r.prompts_per_step)
     return r.prompts_per_step
@@ -83,15 +83,15 @@ def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
         raise ValueError(f"unknown resources.mode {mode!r}; valid modes: {', '.join(sorted(MODES))}")
     roles = MODES[mode]()
     if mode == "fully_async" and cfg is not None:
-        from relax.components.actor_fwd import ActorFwdRole
-        from relax.components.advantages import needs_reference
+        from relax.roles.actor_fwd import ActorFwdRole
+        from relax.roles.advantages import needs_reference
 
         if cfg.algorithm.old_log_probs == "rollout":  # pi_old is the rollout column: nothing to compute
             roles = [r for r in roles if r.name != "actor_fwd"]
         if needs_reference(cfg):
             roles.append(RoleSpec("reference", ActorFwdRole, 1.0, {"reference": True}, budget="training"))
     if cfg is not None and cfg.reward.genrm is not None:
-        from relax.components.genrm import GenRMRole
+        from relax.roles.genrm import GenRMRole
 
         roles.append(RoleSpec("genrm", GenRMRole, cfg.reward.genrm.num_cpus, budget="rollout"))
     return roles

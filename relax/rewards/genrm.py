@@ -1,6 +1,6 @@
 """GenRM: an LLM judge as a reward. This module holds what the reward side and the judge service share —
 the configuration, the judge prompt and the verdict parser — and the ``genrm`` reward itself, which asks
-the GenRM service (the Serve application ``genrm``, ``relax.components.genrm.GenRMRole``) by handle.
+the GenRM service (the Serve application ``genrm``, ``relax.roles.genrm.GenRMRole``) by handle.
 
 The judge is asked, per sample, whether the response's final answer matches the reference (the sample's
 ``label``) and must answer with a strict verdict line; the verdict maps to a score

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from relax.agentic.env import env_factory
 from relax.agentic.multi_turn import MultiTurnRollout
 from relax.data.dataset import PromptRow
-from relax.engine.partial_rollout import InflightRequests
-from relax.engine.router import Router
+from relax.rollout.partial_rollout import InflightRequests
+from relax.rollout.router import Router
 
 
 def test_config_errors_name_the_fix(tiny_model_dir):

@@ -14,9 +14,9 @@ from agentic_helpers import agent_config, run
 
 from relax.data.dataset import PromptRow
 from relax.data.rows import samples_to_rows
-from relax.engine.rollout_loop import RolloutLoop
-from relax.engine.router import Router
 from relax.rewards import build_scorer
+from relax.rollout.loop import RolloutLoop
+from relax.rollout.router import Router
 
 AGENTS = Path(__file__).parent / "agents"
 

@@ -9,9 +9,9 @@ import torch
 from agentic_helpers import agent_config, run
 
 from relax.data.dataset import PromptRow
-from relax.engine.rollout_loop import RolloutLoop
-from relax.engine.router import Router
 from relax.rewards import build_scorer
+from relax.rollout.loop import RolloutLoop
+from relax.rollout.router import Router
 
 ECHO = "tests.agentic.agent_envs:make_echo"
 FORCED = "tests.agentic.agent_envs:make_forced"

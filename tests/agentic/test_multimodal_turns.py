@@ -11,11 +11,11 @@ from transformers import AutoTokenizer
 
 from relax.backends.inference.embedded.server import EngineServer
 from relax.data.dataset import PromptRow
-from relax.engine.rollout_loop import RolloutLoop
-from relax.engine.router import Router
 from relax.models.multimodal_model import banned_token_ids, load_causal_lm, mask_media_logits, model_inputs
 from relax.models.tiny import write_tiny_model
 from relax.rewards import build_scorer
+from relax.rollout.loop import RolloutLoop
+from relax.rollout.router import Router
 
 
 @pytest.fixture(scope="module")

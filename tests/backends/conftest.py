@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relax.backends.inference.client import EngineClient
 from relax.backends.inference.embedded.server import EngineServer
+from relax.engine_api.client import EngineClient
 
 
 def _write_tiny(out: Path) -> Path:

@@ -8,7 +8,7 @@ import asyncio
 import torch
 from engine_helpers import greedy_reference, run, trainer_logprobs
 
-from relax.backends.inference.client import EngineClient, GenerateOutput
+from relax.engine_api.client import EngineClient, GenerateOutput
 
 PROMPT = [11, 22, 33, 44, 55]
 

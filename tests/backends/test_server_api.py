@@ -7,7 +7,7 @@ import httpx
 import pytest
 from engine_helpers import free_port, run
 
-from relax.backends.inference.client import EngineClient, EngineRequestError, EngineUnavailableError
+from relax.engine_api.client import EngineClient, EngineRequestError, EngineUnavailableError
 
 
 def post(url: str, path: str, body) -> httpx.Response:

@@ -11,7 +11,6 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from relax.backends.inference.client import EngineClient, EngineUnavailableError
 from relax.backends.inference.launcher import free_port
 from relax.backends.inference.sglang import (
     SGLangServer,
@@ -21,6 +20,7 @@ from relax.backends.inference.sglang import (
     embedded_launch_command,
     launch_ray_native,
 )
+from relax.engine_api.client import EngineClient, EngineUnavailableError
 
 
 def fake_config(model_dir, **kw) -> SGLangServerConfig:

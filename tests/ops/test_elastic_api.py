@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from relax.backends.inference.embedded.server import EngineServer
-from relax.distributed.weight_publisher import WeightPublisher
-from relax.engine.router import Router
 from relax.ops.elastic_api import ElasticServer
 from relax.ops.elastic_manager import ElasticManager
+from relax.rollout.router import Router
+from relax.weights.publisher import WeightPublisher
 
 ENGINE_KW = {"threads": 1, "max_running": 8, "seed": 0}
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from relax.config import load_config
-from relax.distributed.weight_publisher import free_port
 from relax.orchestration.controller import Controller
+from relax.weights.publisher import free_port
 
 pytestmark = pytest.mark.slow
 

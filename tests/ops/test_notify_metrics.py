@@ -8,10 +8,10 @@ import json
 import pytest
 from inbox import Inbox
 
-from relax.components.metrics import MetricsRole
 from relax.config import load_config
 from relax.ops.notify import Notifier
 from relax.ops.trace import StepPhases, read_trace
+from relax.roles.metrics import MetricsRole
 
 
 @pytest.fixture

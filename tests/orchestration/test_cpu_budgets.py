@@ -47,7 +47,7 @@ def test_a_role_deployed_with_a_budget_runs_on_its_cpus(ray_cluster):
 def test_embedded_engines_run_on_the_rollout_cpus(ray_cluster, tiny_model_dir):
     import ray
 
-    from relax.distributed.engine_group import EngineGroup
+    from relax.backends.inference.engine_actors import EngineGroup
 
     first = min(os.sched_getaffinity(0))
     group = EngineGroup(

@@ -9,13 +9,10 @@ import asyncio
 import pytest
 import torch
 
-from relax.components.actor import ActorRole
-from relax.components.actor_fwd import ActorFwdRole
-from relax.components.advantages import AdvantagesRole
 from relax.config import load_config
 from relax.data.rows import sample_to_row
 from relax.data.sample import Sample
-from relax.distributed.data_plane import (
+from relax.dataplane.plane import (
     ADVANTAGES,
     ADVANTAGES_METRICS,
     LOG_PROBS,
@@ -23,6 +20,9 @@ from relax.distributed.data_plane import (
     LocalDataPlane,
 )
 from relax.orchestration.registry import roles_for_mode
+from relax.roles.actor import ActorRole
+from relax.roles.actor_fwd import ActorFwdRole
+from relax.roles.advantages import AdvantagesRole
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from relax.components.rollout import RolloutRole
 from relax.ops.notify import Notifier
-from relax.orchestration.async_loop import StepFlow
 from relax.orchestration.health import HealthManager
+from relax.orchestration.step_flow import StepFlow
+from relax.roles.rollout import RolloutRole
 
 
 class Response:

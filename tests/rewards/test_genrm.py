@@ -8,12 +8,12 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from relax.components.genrm import GenRMRole
 from relax.config import load_config
 from relax.orchestration.registry import roles_for_mode
 from relax.rewards import GenRMConfig, RewardConfig, build_scorer
 from relax.rewards.genrm import DEFAULT_JUDGE_TEMPLATE, parse_verdict, question_text, render_judge_prompt
 from relax.rewards.scorer import RewardScorer
+from relax.roles.genrm import GenRMRole
 from relax.utils.microbatch import MicroBatcher
 
 SCORES = {"CORRECT": 1.0, "INCORRECT": 0.0}

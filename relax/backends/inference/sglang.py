@@ -9,7 +9,7 @@ Two modes, one client (`EngineClient` speaks SGLang's native API, which the embe
   `/get_model_info`.
 
 Weights reach SGLang exactly as they reach the embedded engine: `init_weights_update_group` then
-`update_weights_from_distributed` per bucket (`relax.distributed.weight_sync.init_weight_sync` /
+`update_weights_from_distributed` per bucket (`relax.weights.sync_group.init_weight_sync` /
 `push_weights`), or `update_weights_from_disk`. SGLang itself is an optional dependency, needed only
 on the machines that run the servers; everything up to the process launch works without it, and
 `launch_command=embedded_launch_command` runs `relax engine serve` in its place (tests do).
@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relax.backends.inference.client import EngineClient
 from relax.backends.inference.launcher import ServerProcess, embedded_engine_command, free_port, server_url
+from relax.engine_api.client import EngineClient
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One FSDP2 training rank: the model sharded with `fully_shard`, AdamW, log-probs/entropy/values,
 `train_batch` with token-budget micro-batches, DCP checkpoints, and full-weight gathering for publishing.
 
-A plain class. `relax.distributed.actor_group` runs one per Ray actor (gloo on CPU, NCCL on GPU); a
+A plain class. `relax.backends.training.rank_group` runs one per Ray actor (gloo on CPU, NCCL on GPU); a
 benchmark or a test may build one in process with `world_size=1`. Every public method that touches the
 model is a collective: all ranks call it, in the same order, with their own shard of the data.
 
@@ -103,7 +103,7 @@ class FSDPWorker:
     # -- set-up ------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
         """Rank 0: where the others rendezvous (this node's IP and a free port)."""
-        from relax.distributed.weight_publisher import free_port, node_ip
+        from relax.weights.publisher import free_port, node_ip
 
         return node_ip(), free_port()
 
@@ -375,7 +375,7 @@ class FSDPWorker:
 
     def device_uuid(self) -> str | None:
         """This rank's GPU (None on CPU): receivers on it get weights by CUDA IPC from this rank."""
-        from relax.distributed.weight_ipc import device_uuid
+        from relax.weights.ipc import device_uuid
 
         return device_uuid(self.device)
 
@@ -393,7 +393,7 @@ class FSDPWorker:
 
     def _publisher(self) -> Any:
         if getattr(self, "_rank_publisher", None) is None:
-            from relax.distributed.rank_publisher import RankPublisher  # HTTP clients: only when publishing
+            from relax.weights.rank_publisher import RankPublisher  # HTTP clients: only when publishing
 
             c = self.cfg
             self._rank_publisher = RankPublisher(

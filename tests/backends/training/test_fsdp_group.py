@@ -10,11 +10,11 @@ from test_torch_backend import make_batch
 
 from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_policy_loss
-from relax.backends.inference.client import EngineClient
 from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.training.rank_group import TrainerGroup, balance_by_tokens, subset
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config.schema import TrainerConfig
-from relax.distributed.actor_group import TrainerGroup, balance_by_tokens, subset
+from relax.engine_api.client import EngineClient
 
 LOSS = make_policy_loss(AlgorithmConfig())
 
@@ -161,12 +161,12 @@ def test_ranks_that_do_not_fit_say_so_and_fail(ray_cluster, monkeypatch, caplog)
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
 
-    import relax.distributed.actor_group as ag
+    import relax.backends.training.rank_group as ag
 
     monkeypatch.setattr(ag, "PLACEMENT_WARN_S", 0.3)
     monkeypatch.setattr(ag, "PLACEMENT_TIMEOUT_S", 0.9)
     pg = placement_group([{"CPU": 1000}], strategy="PACK")
-    with caplog.at_level("WARNING", logger="relax.distributed.actor_group"):
+    with caplog.at_level("WARNING", logger="relax.backends.training.rank_group"):
         with pytest.raises(RuntimeError, match=r"2 training rank\(s\).*free now: CPU .*resources.num_cpus"):
             ag.wait_for_placement(pg, "2 training rank(s) of {'CPU': 1000}")
     assert sum("not placed after" in r.getMessage() for r in caplog.records) >= 2
@@ -182,7 +182,7 @@ def test_auto_device_asks_for_gpus_only_when_every_rank_gets_one(monkeypatch, de
     """2 ranks on a 1-GPU host under `auto` train on the CPU instead of waiting forever for a second GPU."""
     import ray
 
-    from relax.distributed.actor_group import _wants_gpu
+    from relax.backends.training.rank_group import _wants_gpu
 
     monkeypatch.setattr(
         ray, "cluster_resources", lambda: {"CPU": 8.0, **({"GPU": float(gpus)} if gpus else {})}

@@ -11,10 +11,10 @@ from test_torch_backend import make_batch
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.training.rank_group import TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import load_config
 from relax.config.schema import LoraConfig, TrainerConfig
-from relax.distributed.actor_group import TrainerGroup
 from relax.entrypoints.export_cmd import export_checkpoint
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj"])

@@ -35,8 +35,8 @@ from torch import Tensor
 from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.scheduler import Scheduler
 from relax.backends.inference.embedded.sequence import GenerationResult, RequestGroup
-from relax.backends.inference.protocol import SamplingParams
-from relax.distributed.weight_ipc import FLAT
+from relax.engine_api.protocol import SamplingParams
+from relax.weights.ipc import FLAT
 
 logger = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class EmbeddedEngine:
         backend: str,
     ) -> None:
         """Join the trainer's weight-sync group as rank `rank_offset`; blocks until every rank has joined."""
-        from relax.distributed.weight_sync import create_group
+        from relax.weights.sync_group import create_group
 
         if group_name in self._groups:
             self._groups.pop(group_name).destroy()
@@ -413,8 +413,8 @@ class EmbeddedEngine:
     ) -> int:
         """Load a bucket from a CUDA buffer of a process on this GPU; the copy is complete on return, so
         the sender may free the buffer."""
-        from relax.distributed.weight_ipc import open_shared, unpack
-        from relax.distributed.weight_sync import parse_dtype
+        from relax.weights.ipc import open_shared, unpack
+        from relax.weights.sync_group import parse_dtype
 
         if self.runner.device.type != "cuda":
             raise ValueError("weights by CUDA IPC need an engine on a GPU; use the broadcast group")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from relax.backends.inference.embedded.sampling import RowParams, make_generator
-from relax.backends.inference.protocol import SamplingParams
+from relax.engine_api.protocol import SamplingParams
 
 logger = logging.getLogger(__name__)
 

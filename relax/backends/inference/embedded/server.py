@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.metrics import render_metrics
 from relax.backends.inference.embedded.sequence import GenerationResult
-from relax.backends.inference.protocol import (
+from relax.data.mm_codec import decode_inputs
+from relax.engine_api.protocol import (
     AbortRequest,
     DestroyWeightsUpdateGroupRequest,
     GenerateRequest,
@@ -38,9 +39,8 @@ from relax.backends.inference.protocol import (
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsFromIpcRequest,
 )
-from relax.data.mm_codec import decode_inputs
-from relax.distributed.weight_ipc import device_uuid
 from relax.utils.net import tcp_listener
+from relax.weights.ipc import device_uuid
 
 logger = logging.getLogger(__name__)
 

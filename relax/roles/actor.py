@@ -1,0 +1,356 @@
+"""The Actor role: the trainer of the policy. It reads each step's rows from the data plane; in colocate
+and hybrid mode it also runs, in process, what the ActorFwd (old log-probs), Reference (reference
+log-probs) and Advantages roles do in fully_async mode.
+
+A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from relax.algorithms.pipeline import make_policy_loss, make_value_loss
+from relax.algorithms.registry import get_algorithm
+from relax.backends.training.critic_backend import TorchCritic
+from relax.backends.training.rank_group import TrainerGroup
+from relax.backends.training.torch_backend import TorchTrainer
+from relax.config import RelaxConfig
+from relax.data.batch import TrainBatch
+from relax.data.rows import batch_from_columns
+from relax.dataplane.plane import (
+    ADVANTAGES,
+    ADVANTAGES_METRICS,
+    LOG_PROBS,
+    REF_LOG_PROBS,
+    ROLLOUT_COLUMNS,
+    DataPlane,
+    PlaneClient,
+    partition_name,
+    sub_batch_groups,
+)
+from relax.dataplane.samplers import balance_partitions
+from relax.orchestration.registry import STREAMING_MODES, overlaps_push
+from relax.roles.advantages import batch_advantages, needs_reference
+from relax.rollout.staleness import staleness_metrics
+from relax.utils.timer import timer
+from relax.weights.publisher import WeightPublisher
+from relax.weights.sync_group import without_tied
+
+logger = logging.getLogger(__name__)
+ACTOR_POLL_S = 0.01  # the Actor's longest interval between data-plane polls while it waits for a step
+
+
+class ActorRole(PlaneClient):
+    def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
+        from relax.utils.logging import setup_logging
+
+        setup_logging()
+        self.cfg = cfg
+        spec = get_algorithm(cfg.algorithm.name)
+        # fully_async: ActorFwd, Reference and Advantages fill their columns; else they run in process.
+        self.in_process = cfg.resources.mode != "fully_async"
+        self.needs_reference = needs_reference(cfg) and self.in_process
+        self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
+        self.num_ranks = cfg.trainer.num_ranks
+        self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
+        # fully_async: under `old_log_probs: rollout` there is no ActorFwd and pi_old is filled from the
+        # rollout log-probs in `train_sync`
+        pi_old = [] if cfg.algorithm.old_log_probs == "rollout" else [LOG_PROBS]
+        self.train_columns = ROLLOUT_COLUMNS + pi_old + [ADVANTAGES, ADVANTAGES_METRICS]
+        if needs_reference(cfg):
+            self.train_columns.append(REF_LOG_PROBS)
+        self.loss_fn = make_policy_loss(cfg.algorithm)
+        # PPO's critic trains alongside the actor, in process in colocate mode.
+        self.critic = None
+        if spec.needs_critic:
+            self.critic = TorchCritic(
+                cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps
+            )
+            self.value_loss_fn = make_value_loss(cfg.algorithm)
+        t = cfg.trainer
+        self.publisher = WeightPublisher(
+            t.publish_bucket_mb << 20,
+            backend=t.weight_sync_backend,
+            flatten=t.weight_sync_flatten is not False,
+            ipc=t.weight_sync_ipc,
+            device=getattr(self.trainer, "device", None),  # a CPU trainer on a GPU host sends by gloo
+        )
+        self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
+        self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
+        # Streaming modes fetch step k+1's rows ahead: the rollout ran ahead, so they are usually there,
+        # and taking them (13-16 ms a step on 2 CPU cores; 0.1-0.27 s on the H200 run) leaves the step's
+        # critical path. Only where taking them needs no forward pass on the current weights (pi_old from
+        # the engine or from ActorFwd; no reference or critic in process). When the update runs in rank
+        # processes the fetch starts with it. With the in-process trainer it starts when the update ends
+        # and overlaps the weight push instead: during the update it would share the interpreter lock
+        # and slowed the update by a third on 2 CPU cores (0.19 -> 0.27-0.37 s a step).
+        in_process_forward = (
+            self.needs_reference or cfg.algorithm.old_log_probs != "rollout" or spec.needs_critic
+        )
+        ahead = cfg.resources.fetch_ahead is not False
+        self.prefetch = (
+            ahead and cfg.resources.mode in STREAMING_MODES and not (self.in_process and in_process_forward)
+        )
+        self.fetch_with_update = isinstance(self.trainer, TrainerGroup)
+        # overlap_push: the weights each update ended with, by version, until the push of the next
+        self.overlap_push = overlaps_push(cfg)
+        self._kept: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        self._clearing: asyncio.Task | None = None  # the last trained step's partition, cleared meanwhile
+        self._next: tuple[int, asyncio.Task] | None = None  # (step, fetch of its columns)
+
+    # -- training ----------------------------------------------------------------------------
+    async def train(self, step: int) -> dict[str, float]:
+        """Train on step `step`'s partition, then clear it. fully_async: wait until every row has its
+        advantages (and the columns they came from); otherwise stream the rows in sub-batches of whole
+        groups, computing old/ref log-probs on each as it arrives, then advantages in process."""
+        partition = partition_name(step)
+        times: dict[str, float] = {}
+        with timer("wait_data", times):
+            columns = await self._take(step, times)
+        last = step >= self.cfg.trainer.num_steps
+        if self.prefetch and self.fetch_with_update and not last:
+            self._next = (step + 1, asyncio.create_task(self._fetch(step + 1, ahead=True)))
+        stage_metrics: dict[str, float] = {}  # fully_async: Advantages' metrics of the step
+        for m in columns.pop(ADVANTAGES_METRICS, []):
+            stage_metrics.update(m)
+        with timer("decode", times):
+            batch = batch_from_columns(columns)
+        metrics = {**stage_metrics, **await asyncio.to_thread(self.train_sync, batch, times)}
+        if self.overlap_push:
+            await asyncio.to_thread(self._keep_weights)
+        if self.prefetch and not self.fetch_with_update and not last:
+            self._next = (step + 1, asyncio.create_task(self._fetch(step + 1)))
+        await self._cleared()
+        # Clearing takes a data-plane round trip (6-10 ms on 2 CPU cores): it runs while the driver pushes
+        # the weights, and the next `train` makes sure it ended. The last step's is awaited here.
+        self._clearing = asyncio.create_task(self.plane.clear(partition))
+        if last:
+            await self._cleared()
+        return metrics
+
+    async def _cleared(self) -> None:
+        """Wait for the clearing of the previous step's partition (a failure is raised here)."""
+        clearing, self._clearing = self._clearing, None
+        if clearing is not None:
+            await clearing
+
+    async def _take(self, step: int, times: dict[str, float]) -> dict[str, list]:
+        """Step `step`'s columns: from the fetch started while the step before trained, or fetched now."""
+        ahead, self._next = self._next, None
+        if ahead is not None and ahead[0] == step:
+            columns, fetch_times = await ahead[1]
+            times.update(fetch_times)
+            return columns
+        if ahead is not None:  # a fetch for another step (a resumed or repeated step): not ours
+            ahead[1].cancel()
+        columns, fetch_times = await self._fetch(step)
+        times.update(fetch_times)
+        return columns
+
+    async def _fetch(self, step: int, ahead: bool = False) -> tuple[dict[str, list], dict[str, float]]:
+        """Wait for step `step`'s rows and take them (marks them consumed by the Actor). The driver sends
+        `train` without waiting for the Rollout, so a wait in `train` (or in a fetch that starts when the
+        update before it ends) is on the step's critical path and polls a polling plane at least every
+        `ACTOR_POLL_S`; a fetch `ahead` (started with the update before, in rank processes) keeps the
+        plane's slower default, like the stage roles that wait ahead."""
+        total, partition = self.cfg.rollout.rows_per_step, partition_name(step)
+        times: dict[str, float] = {}
+        poll = None if ahead else ACTOR_POLL_S
+        if self.in_process:
+            columns = await self._stream_forward(partition, total, times, poll)
+        else:
+            data = await self.plane.get(partition, self.train_columns, "actor", total, poll_max_s=poll)
+            columns = data.columns
+        self._received_step = max(self._received_step, step)
+        return columns, times
+
+    async def _stream_forward(
+        self, partition: str, total: int, times: dict[str, float], poll_max_s: float | None = None
+    ) -> dict[str, list]:
+        r = self.cfg.rollout
+        chunk = r.n_samples_per_prompt * sub_batch_groups(r.prompts_per_step)  # sub-batch of whole groups
+        columns: dict[str, list] = {c: [] for c in ROLLOUT_COLUMNS}
+        columns[LOG_PROBS], columns[REF_LOG_PROBS] = [], []
+        while len(columns["reward"]) < total:
+            data = await self.plane.get(
+                partition,
+                ROLLOUT_COLUMNS,
+                "actor",
+                min(chunk, total - len(columns["reward"])),
+                sampler="whole_groups",
+                poll_max_s=poll_max_s,
+            )
+            sub = batch_from_columns(data.columns)
+            with timer("old_log_probs", times):
+                if self.cfg.algorithm.old_log_probs == "rollout":
+                    columns[LOG_PROBS] += behaviour_log_probs(sub)
+                else:
+                    columns[LOG_PROBS] += await asyncio.to_thread(self.trainer.compute_log_probs, sub)
+            if self.needs_reference:
+                with timer("ref_log_probs", times):
+                    columns[REF_LOG_PROBS] += await asyncio.to_thread(
+                        self.trainer.compute_log_probs, sub, reference=True
+                    )
+            for c in ROLLOUT_COLUMNS:
+                columns[c] += data.columns[c]
+        if not self.needs_reference:
+            del columns[REF_LOG_PROBS]
+        if self.cfg.resources.balance_data:
+            order = [i for part in balance_partitions(columns["length"], self.num_ranks) for i in part]
+            columns = {c: [v[i] for i in order] for c, v in columns.items()}
+        return columns
+
+    def train_sync(self, batch: TrainBatch, times: dict[str, float] | None = None) -> dict[str, float]:
+        times = times if times is not None else {}
+        if batch.old_log_probs is None:  # a whole batch handed in (tests), or pi_old = behaviour policy
+            with timer("old_log_probs", times):
+                if self.cfg.algorithm.old_log_probs == "rollout":
+                    batch.old_log_probs = behaviour_log_probs(batch)
+                else:
+                    batch.old_log_probs = self.trainer.compute_log_probs(batch)
+        if self.needs_reference and batch.ref_log_probs is None:
+            with timer("ref_log_probs", times):
+                batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
+        values = None
+        if self.critic is not None:
+            with timer("values", times):
+                values = self.critic.compute_values(batch)
+        adv_metrics: dict[str, float] = {}
+        if batch.advantages is None:
+            with timer("advantages", times):
+                adv_metrics = batch_advantages(self.cfg, batch, values)
+        metrics = staleness_metrics(
+            self.trainer.step, batch.extras.get("weight_versions", [[v] for v in batch.weight_versions])
+        )
+        if self.cfg.resources.debug_train_delay_s:
+            time.sleep(self.cfg.resources.debug_train_delay_s)
+        with timer("update", times):
+            metrics.update(self.trainer.train_batch(batch, self.loss_fn))
+        if self.critic is not None:
+            with timer("critic_update", times):
+                metrics.update(self.critic.train_values(batch, values, self.value_loss_fn))
+        metrics.update(adv_metrics)
+        metrics.update(_mismatch_metrics(batch))
+        metrics.update({k.replace("perf/", "perf/actor_"): v for k, v in times.items()})
+        metrics.update(self.sync_stats)  # the publish that gave the engines the weights of this rollout
+        return metrics
+
+    # -- weights -----------------------------------------------------------------------------
+    async def connect_engines(self, urls: list[str]) -> None:
+        if isinstance(self.trainer, TrainerGroup):  # rank 0 of the group joins the engines' group
+            await asyncio.to_thread(self.trainer.connect_engines, urls)
+        else:
+            await self.publisher.connect(urls)
+
+    def _keep_weights(self) -> None:
+        """overlap_push: copy the weights this update ended with; the driver pushes them while the next
+        update changes the live ones. The two newest versions are kept (a push retried after a failure
+        sends the same copy)."""
+        named = [(n, t.detach().clone()) for n, t in without_tied(self.trainer.named_weights())]
+        self._kept[self.trainer.step] = named
+        for old in sorted(self._kept)[:-2]:
+            del self._kept[old]
+
+    async def push_weights(self, version: int | None = None) -> int:
+        """Publish weights to every engine; returns the version they now report. `version`: the copy
+        kept when that update ended (overlap_push: the next update may be running); without one, the
+        current weights."""
+        kept = self._kept.get(version) if version is not None else None
+        version = version if kept is not None else self.trainer.step
+        if isinstance(self.trainer, TrainerGroup):
+            mode = _sync_mode(self.cfg)
+            self.sync_stats = await asyncio.to_thread(
+                self.trainer.publish, version, mode, self.cfg.model.dtype
+            )
+            self.sync_stats.pop("tensors", None)
+        else:
+            named = kept if kept is not None else without_tied(self.trainer.named_weights())
+            seconds = await self.publisher.publish(named, version)
+            nbytes = sum(t.numel() * t.element_size() for _, t in named)
+            self.sync_stats = {"perf/weight_sync_bytes": float(nbytes), "perf/weight_publish_s": seconds}
+        logger.debug("weights v%d published: %s", version, self.sync_stats)
+        return version
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.trainer.save(Path(path))
+        if self.critic is not None:
+            (Path(path) / "critic").mkdir(exist_ok=True)
+            self.critic.save(Path(path) / "critic")
+
+    def load(self, path: str) -> int:
+        self.trainer.load(Path(path))
+        if self.critic is not None:
+            self.critic.load(Path(path) / "critic")
+        return self.trainer.step
+
+    def received_step(self) -> int:
+        """The last step whose rows the Actor holds in full, fetched ahead included (a restarted stage
+        role starts after it)."""
+        return self._received_step
+
+    def weight_version(self) -> int:
+        return self.trainer.step
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The current policy weights on CPU (for ActorFwd in fully_async mode)."""
+        return {n: t.detach().cpu() for n, t in self.trainer.named_weights()}
+
+
+def behaviour_log_probs(batch: TrainBatch) -> list[torch.Tensor]:
+    """`algorithm.old_log_probs: rollout`: the engine's log-probs of the sampled tokens as pi_old."""
+    return [torch.as_tensor(lp, dtype=torch.float32) for lp in batch.rollout_log_probs]
+
+
+def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | TrainerGroup:
+    """The in-process trainer for the 1-rank default; the FSDP rank group for fsdp, N ranks or LoRA."""
+    kwargs = {
+        "dtype": cfg.model.dtype,
+        "total_steps": cfg.trainer.num_steps,
+        "with_reference": with_reference,
+        "seed": cfg.run.seed,
+    }
+    if cfg.trainer.uses_group:
+        return TrainerGroup(
+            cfg.model.path,
+            cfg.trainer,
+            gpus_per_rank=cfg.resources.trainer_gpus,
+            gpu_group=cfg.resources.gpu_group,
+            cpus=cfg.resources.training_cpus,
+            **kwargs,
+        )
+    return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)
+
+
+def _sync_mode(cfg: RelaxConfig) -> str:
+    """What a publish sends: every weight; or for LoRA the adapters (engines that apply them) or the
+    merged adapted modules (engines that load plain weights by name: the embedded engine, `auto`)."""
+    lora = cfg.trainer.lora
+    if lora is None:
+        return "full"
+    return "adapter" if lora.sync == "adapter" else "merged"
+
+
+def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
+    """How far the engine's behaviour log-probs are from the trainer's (same weights in colocate mode)."""
+    rows = zip(batch.old_log_probs, batch.rollout_log_probs, batch.loss_mask, strict=True)
+    kept = [(old, rollout, mask) for old, rollout, mask in rows if len(rollout) == len(old) and len(old)]
+    if not kept:
+        return {}
+    # one tensor op over the batch: per-sample tensors cost ~2 ms a step of 128 samples, on the update's path
+    old = torch.cat([o.reshape(-1) for o, _, _ in kept]).float()
+    rollout = torch.tensor([x for _, r, _ in kept for x in r], dtype=torch.float32)
+    mask = torch.tensor([bool(m) for _, _, ms in kept for m in ms], dtype=torch.bool)
+    d = (old - rollout)[mask].abs()
+    if not d.numel():
+        return {}
+    return {
+        "train/rollout_logp_abs_diff_mean": float(d.mean()),
+        "train/rollout_logp_abs_diff_max": float(d.max()),
+    }

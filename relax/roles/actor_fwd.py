@@ -1,0 +1,163 @@
+"""The ActorFwd role (fully_async): recomputes the old-policy log-probs of a step's rows with the weights
+the Actor holds right before training on that step; the same class, frozen, is the Reference role.
+
+It streams: rows are forwarded in sub-batches of whole prompt groups as the Rollout writes them, and the
+`log_probs` (or `ref_log_probs`) column goes back to the data plane sub-batch by sub-batch. For step k
+ActorFwd first waits for the weights of training step k - 1 (pushed by the Controller after each
+update); the Reference never waits.
+
+A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import torch
+
+from relax.backends.training.torch_backend import DTYPES, resolve_device, response_log_probs
+from relax.config import RelaxConfig
+from relax.data.batch import TrainBatch, pack_micro_batches
+from relax.data.rows import tensor_column
+from relax.dataplane.plane import (
+    LOG_PROBS,
+    REF_LOG_PROBS,
+    STAGE_POLL_S,
+    DataPlane,
+    PlaneClient,
+    partition_name,
+    sub_batch_groups,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def forward_log_probs(
+    model: torch.nn.Module, batch: TrainBatch, max_tokens: int, device: torch.device, pack: str = "auto"
+) -> list:
+    """Per-sample response log-probs [R_i], forwarded in token-budgeted micro-batches (packed into one
+    row each where `pack`, `trainer.pack_sequences`, says so)."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+    with torch.no_grad():
+        for idx in pack_micro_batches(batch.seq_lens(), max_tokens):
+            logp_BT, _, rlen = response_log_probs(model, batch, idx, device, with_entropy=False, pack=pack)
+            for row, i in enumerate(idx):
+                out[i] = logp_BT[row, : rlen[row]].cpu()
+    return out
+
+
+class ActorFwdRole(PlaneClient):
+    def __init__(self, cfg: RelaxConfig, reference: bool = False, plane: DataPlane | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from relax.utils.logging import setup_logging
+
+        setup_logging()
+        torch.set_num_threads(cfg.trainer.threads)
+        self.cfg = cfg
+        self.reference = reference
+        task, self.column = ("reference", REF_LOG_PROBS) if reference else ("actor_fwd", LOG_PROBS)
+        # each replica is its own data-plane consumer: a restarted one takes again the rows its
+        # predecessor took but never finished (recomputed values are the same)
+        self.task = f"{task}-{uuid.uuid4().hex[:8]}"
+        self.device = resolve_device(cfg.trainer.device)
+        self.model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=DTYPES[cfg.model.dtype])
+        self.model.to(self.device).eval().requires_grad_(False)
+        self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
+        self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
+        self._weights_changed = asyncio.Condition()
+        self._task: asyncio.Task | None = None
+        self._receiver = None  # the weight-sync receiver server, started by weight_url()
+
+    def weight_url(self) -> str:
+        """Join the trainer's weight broadcasts: the URL of this role's weight receiver (the trainer adds
+        it to the engines of its weight-sync group, so weights arrive by NCCL/gloo broadcast, no host
+        copy through Ray). `mark_trained` then says which training step the received weights hold."""
+        from relax.weights.receiver import ModelWeightReceiver, ReceiverServer
+
+        if self._receiver is None:
+            self._receiver = ReceiverServer(ModelWeightReceiver(self.model))
+            self._receiver.start()
+        return self._receiver.url
+
+    async def mark_trained(self, trained_through: int) -> None:
+        """The weights broadcast last (through `weight_url`) are those after training step `trained_through`."""
+        async with self._weights_changed:
+            self.trained_through = trained_through
+            self._weights_changed.notify_all()
+
+    async def set_weights(self, state: dict[str, torch.Tensor], trained_through: int) -> None:
+        """Load the Actor's weights after training step `trained_through`."""
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            logger.warning(
+                "actor_fwd weights: %d missing, %d unexpected names", len(missing), len(unexpected)
+            )
+        async with self._weights_changed:
+            self.trained_through = trained_through
+            self._weights_changed.notify_all()
+
+    async def process(self, step: int, timeout_s: float | None = None) -> None:
+        """Write this role's column for every row of step `step` (blocks on the weights, then on rows)."""
+        if not self.reference:
+            async with self._weights_changed:
+                await self._weights_changed.wait_for(lambda: self.trained_through >= step - 1)
+        r = self.cfg.rollout
+        total = r.rows_per_step
+        chunk = r.n_samples_per_prompt * sub_batch_groups(r.prompts_per_step)  # sub-batch of whole groups
+        partition = partition_name(step)
+        done = 0
+        while done < total:
+            data = await self.plane.get(
+                partition,
+                ["prompt_ids", "response_ids", "loss_mask", "rollout_log_probs"],
+                self.task,
+                min(chunk, total - done),
+                timeout_s=timeout_s,
+                poll_max_s=STAGE_POLL_S,
+            )
+            batch = TrainBatch(
+                prompt_ids=data.columns["prompt_ids"],
+                response_ids=data.columns["response_ids"],
+                loss_mask=data.columns["loss_mask"],
+                rollout_log_probs=data.columns["rollout_log_probs"],
+                rewards=[0.0] * len(data),
+                group_index=[0] * len(data),
+                weight_versions=[0] * len(data),
+            )
+            logp = await asyncio.to_thread(
+                forward_log_probs,
+                self.model,
+                batch,
+                self.cfg.trainer.max_tokens_per_micro_batch,
+                self.device,
+                self.cfg.trainer.pack_sequences,
+            )
+            await self.plane.put_columns(partition, data.indexes, {self.column: tensor_column(logp)})
+            done += len(data)
+
+    async def start(self, first_step: int) -> None:
+        self._task = asyncio.create_task(self._run(first_step))
+
+    async def _run(self, step: int) -> None:
+        while step <= self.cfg.trainer.num_steps:
+            await self.process(step)
+            step += 1
+
+    async def metrics(self, step: int) -> dict[str, float]:
+        if self._task is not None and self._task.done() and self._task.exception() is not None:
+            raise self._task.exception()
+        return {}
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        if self._receiver is not None:
+            self._receiver.stop()
+            self._receiver = None

@@ -1,0 +1,163 @@
+"""A weight-sync receiver for a training-side model (ActorFwd): the weight endpoints of the engines'
+protocol (`/init_weights_update_group`, `/update_weights_from_distributed`, `/update_weights_from_ipc`,
+`/destroy_weights_update_group`, `/get_model_info` with the GPU's UUID) on 127.0.0.1, so the trainer's
+publisher treats the model like one more engine: a rank of its broadcast group on another GPU, a CUDA
+IPC receiver on the trainer's own GPU; no host copy either way.
+
+The owner decides when received weights count: `version` is the weight version of the last completed
+push (the version the trainer sends with the last bucket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import torch
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from relax.engine_api.protocol import (
+    DestroyWeightsUpdateGroupRequest,
+    InitWeightsUpdateGroupRequest,
+    UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromIpcRequest,
+)
+from relax.weights import ipc as weight_ipc
+from relax.weights.sync_group import WeightSyncGroup, create_group, parse_dtype
+
+logger = logging.getLogger(__name__)
+
+
+class ModelWeightReceiver:
+    """Loads broadcast buckets into `model`'s parameters and buffers by name."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.params = {**dict(model.named_buffers()), **dict(model.named_parameters())}
+        self.device = next(model.parameters()).device
+        self.groups: dict[str, WeightSyncGroup] = {}
+        self.version: str | None = None
+        self.loaded = 0  # tensors loaded since start (tests)
+
+    def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
+        if req.group_name in self.groups:
+            self.groups.pop(req.group_name).destroy()
+        device = self.device if req.backend == "nccl" else None
+        self.groups[req.group_name] = create_group(
+            req.master_address,
+            req.master_port,
+            req.rank_offset,
+            req.world_size,
+            req.backend,
+            req.group_name,
+            device=device,
+        )
+
+    def update(self, req: UpdateWeightsFromDistributedRequest) -> None:
+        if req.group_name not in self.groups:
+            raise ValueError(
+                f"no weight-sync group named {req.group_name!r}; call /init_weights_update_group first"
+            )
+        group = self.groups[req.group_name]
+        specs = list(zip(req.names, req.dtypes, req.shapes, strict=True))
+        tensors = group.receive_flat(specs) if req.load_format == weight_ipc.FLAT else group.receive(specs)
+        self._load(tensors, req.weight_version)
+
+    def update_ipc(self, req: UpdateWeightsFromIpcRequest) -> None:
+        """A bucket from a CUDA buffer of the trainer rank on this GPU; copied before this returns."""
+        if self.device.type != "cuda":
+            raise ValueError("weights by CUDA IPC need a model on a GPU; use the broadcast group")
+        buf = weight_ipc.open_shared(req.handle)
+        specs = [(n, parse_dtype(d), s) for n, d, s in zip(req.names, req.dtypes, req.shapes, strict=True)]
+        self._load(weight_ipc.unpack(buf, specs), req.weight_version)
+        torch.cuda.synchronize(self.device)
+
+    def _load(self, tensors: dict[str, torch.Tensor], weight_version: str | None) -> None:
+        unknown = [n for n in tensors if n not in self.params]
+        if unknown:
+            logger.warning("weight receiver: %d unknown names ignored (e.g. %s)", len(unknown), unknown[0])
+        with torch.no_grad():
+            for name, t in tensors.items():
+                if name in self.params:
+                    self.params[name].copy_(t)
+                    self.loaded += 1
+        if weight_version is not None:
+            self.version = weight_version
+
+    def destroy(self, req: DestroyWeightsUpdateGroupRequest) -> None:
+        if req.group_name not in self.groups:
+            raise ValueError(f"no weight-sync group named {req.group_name!r}")
+        self.groups.pop(req.group_name).destroy()
+
+
+def build_receiver_app(receiver: ModelWeightReceiver) -> FastAPI:
+    app = FastAPI(title="Relax weight receiver")
+
+    async def call(fn: Any, req: Any, done: str) -> JSONResponse:
+        try:
+            await asyncio.to_thread(fn, req)
+        except (ValueError, KeyError, RuntimeError) as e:
+            logger.warning("weight receiver %s failed: %s", fn.__name__, e)
+            return JSONResponse({"success": False, "message": f"{fn.__name__} failed: {e}"}, status_code=400)
+        return JSONResponse({"success": True, "message": f"Succeeded: {done}."})
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
+    @app.post("/init_weights_update_group")
+    async def init_group(req: InitWeightsUpdateGroupRequest) -> JSONResponse:
+        return await call(receiver.init_group, req, "joined the weight update group")
+
+    @app.post("/update_weights_from_distributed")
+    async def update(req: UpdateWeightsFromDistributedRequest) -> JSONResponse:
+        return await call(receiver.update, req, "weights updated")
+
+    @app.post("/update_weights_from_ipc")
+    async def update_ipc(req: UpdateWeightsFromIpcRequest) -> JSONResponse:
+        return await call(receiver.update_ipc, req, "weights updated")
+
+    @app.get("/get_model_info")
+    async def model_info() -> dict:
+        return {"device": str(receiver.device), "device_uuid": weight_ipc.device_uuid(receiver.device)}
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy(req: DestroyWeightsUpdateGroupRequest) -> JSONResponse:
+        return await call(receiver.destroy, req, "group destroyed")
+
+    return app
+
+
+class ReceiverServer:
+    """Serves a `ModelWeightReceiver` with uvicorn in a daemon thread on 127.0.0.1 (port 0 = free)."""
+
+    def __init__(self, receiver: ModelWeightReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.receiver = receiver
+        config = uvicorn.Config(build_receiver_app(receiver), host=host, port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="weight-receiver", daemon=True)
+        self.host = host
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not (self.server.started and self.server.servers):
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("weight receiver server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if not self.thread.is_alive():
+            return
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
