@@ -119,7 +119,7 @@ def run_mode(name: str, args: argparse.Namespace, model: Path, data: Path, out: 
         f"model.path={model}", f"model.dtype={args.dtype}", f"data.train_files=[{data}]",
         "data.apply_chat_template=false", "data.max_prompt_len=2048",
         f"run.output_dir={out}", f"run.name={name}", f"run.seed={args.seed}",
-        f"resources.mode={mode}", f"resources.max_staleness={0 if mode == 'colocate' else args.max_staleness}",
+        f"schedule.mode={mode}", f"schedule.max_staleness={0 if mode == 'colocate' else args.max_staleness}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.n_samples_per_prompt={args.n}",
         f"rollout.max_new_tokens={args.cap}", f"rollout.num_engines={engines}",
         "rollout.temperature=1.0", "reward.name=token_rate", "algorithm.name=grpo", "algorithm.kl_coef=0.0",

@@ -126,8 +126,9 @@ def main() -> None:
     from relax.algorithms.pipeline import make_policy_loss
     from relax.backends.inference.embedded.engine import EmbeddedEngine
     from relax.backends.training.fsdp import FSDPWorker, merge_partials
-    from relax.config.schema import MediaConfig, TrainerConfig
+    from relax.config.schema import TrainerConfig
     from relax.data.batch import TrainBatch
+    from relax.data.config import MediaConfig
     from relax.data.multimodal import MultimodalProcessor
     from relax.data.toy_media import COLOR_PROMPT, COLORS, color_image
 

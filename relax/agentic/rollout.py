@@ -5,6 +5,7 @@ metrics of a step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from relax.agentic.multi_agent import apply_advantage_fn, load_advantage_fn, pad_contexts
@@ -58,3 +59,12 @@ class AgentRollout:
     async def close(self) -> None:
         if hasattr(self.impl, "close"):
             await self.impl.close()
+
+
+def agent_factory(
+    cfg: RelaxConfig, tokenizer: Any
+) -> Callable[[InflightRequests, list[int]], AgentRollout] | None:
+    """What `RolloutLoop` builds its agent with for `rollout.agent.kind`; None for single-turn rollouts."""
+    if cfg.rollout.agent.kind == "single_turn":
+        return None
+    return lambda inflight, stop_token_ids: AgentRollout(cfg, tokenizer, inflight, stop_token_ids)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from relax.algorithms.registry import ALGORITHMS, AlgorithmSpec, get_algorithm
+from relax.algorithms.registry import ALGORITHMS, SPECIFIC_KNOBS, AlgorithmSpec, get_algorithm, knobs_read
 
 LossAggMode = Literal[
     "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "custom"
@@ -109,6 +109,24 @@ class AlgorithmConfig(BaseModel):
         if isinstance(data, dict):
             spec = ALGORITHMS.get(data.get("name", "grpo"))
             if spec is not None:
+                # a key at its default is what a dumped config (run folder's config.yaml) holds: harmless
+                foreign = sorted(
+                    k
+                    for k in (set(data) & SPECIFIC_KNOBS) - knobs_read(spec)
+                    if data[k] != cls.model_fields[k].default
+                )
+                if foreign:
+                    readers = {
+                        k: sorted(n for n, s in ALGORITHMS.items() if k in knobs_read(s)) for k in foreign
+                    }
+                    raise ValueError(
+                        f"algorithm {spec.name!r} does not read "
+                        + "; ".join(f"{k} (read by {', '.join(readers[k])})" for k in foreign)
+                        + ": remove "
+                        + ("it" if len(foreign) == 1 else "them")
+                        + " or choose an algorithm that uses "
+                        + ("it" if len(foreign) == 1 else "them")
+                    )
                 return {**spec.config_defaults, **data}
         return data
 
@@ -149,14 +167,31 @@ class AlgorithmConfig(BaseModel):
         """The registered spec of ``name``."""
         return get_algorithm(self.name)
 
-    def validate_against(
-        self, max_staleness: int, has_reference: bool, *, has_teacher: bool | None = None
-    ) -> None:
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a run computes reference log-probs: the algorithm asks for them, a KL term is on, or
+        the reference model serves as the distillation teacher (`model.reference_path`)."""
+        spec = self.spec
+        return (
+            spec.needs_reference
+            or spec.needs_teacher
+            or self.kl_coef > 0
+            or self.reward_kl_coef > 0
+            or self.distill_coef > 0
+        )
+
+    @property
+    def pi_old_from_rollout(self) -> bool:
+        """pi_old is the engine's behaviour log-probs (`old_log_probs: rollout`): no forward pass computes
+        it, and fully_async deploys no ActorFwd."""
+        return self.old_log_probs == "rollout"
+
+    def validate_against(self, max_staleness: int, *, has_teacher: bool) -> None:
         """Cross-section checks; raise ``ValueError`` saying how to fix the config.
 
         ``max_staleness``: how many weight versions rollout may run ahead of the trainer.
-        ``has_reference``: a reference model computes log-probs. ``has_teacher``: a teacher computes
-        log-probs (None = the teacher is served by the reference role, so ``has_reference`` counts).
+        ``has_teacher``: a teacher model distinct from the policy serves log-probs (`model.reference_path`);
+        the reference itself always exists (the initial policy, when no other model is given).
         """
         spec = self.spec
         if spec.on_policy_only and max_staleness > 0:
@@ -164,15 +199,9 @@ class AlgorithmConfig(BaseModel):
                 f"algorithm {self.name!r} is on-policy only (unclipped policy gradient) but max_staleness="
                 f"{max_staleness}; set max_staleness=0 or use an off-policy-robust algorithm (grpo, m2po, ...)"
             )
-        wants_ref = spec.needs_reference or self.kl_coef > 0 or self.reward_kl_coef > 0
-        if wants_ref and not has_reference:
+        if (spec.needs_teacher or self.distill_coef > 0) and not has_teacher:
             raise ValueError(
-                f"algorithm {self.name!r} with kl_coef={self.kl_coef}, reward_kl_coef={self.reward_kl_coef} "
-                "needs reference log-probs; configure a reference model or set both KL coefficients to 0"
-            )
-        teacher = has_reference if has_teacher is None else has_teacher
-        if (spec.needs_teacher or self.distill_coef > 0) and not teacher:
-            raise ValueError(
-                "on-policy distillation (distill_coef > 0) needs teacher log-probs; "
-                "configure a teacher model or set distill_coef=0"
+                "on-policy distillation (distill_coef > 0) needs a teacher: set model.reference_path to the "
+                "teacher's model folder (without it the reference is the initial policy itself), or set "
+                "distill_coef=0"
             )

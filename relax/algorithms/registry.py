@@ -154,6 +154,29 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
 }
 
 
+# Config keys that only some pieces read, by piece: a key the selected algorithm's pieces do not read is
+# refused when the user sets it (`AlgorithmConfig`), so a setting meant for another algorithm is never
+# silently ignored. Keys every algorithm reads (KL, entropy, TIS, loss aggregation, ...) are not listed.
+PIECE_KNOBS: dict[tuple[str, str], frozenset[str]] = {
+    ("policy_loss", "ppo_clip"): frozenset({"clip_eps_low", "clip_eps_high", "dual_clip_c"}),
+    ("policy_loss", "gspo"): frozenset({"clip_eps_low", "clip_eps_high"}),
+    ("policy_loss", "cispo"): frozenset({"clip_eps_low", "clip_eps_high"}),
+    ("policy_loss", "sapo"): frozenset({"sapo_tau_pos", "sapo_tau_neg"}),
+    ("policy_loss", "m2po"): frozenset({"m2po_tau"}),
+    ("reward_normalizer", "group_mean_std"): frozenset({"normalize_std"}),
+    ("advantage_estimator", "gae"): frozenset({"gamma", "lam", "whiten_advantages"}),
+    ("advantage_estimator", "reinforce_plus_plus"): frozenset({"gamma"}),
+    ("needs_critic", "True"): frozenset({"value_clip", "value_loss_coef"}),
+}
+SPECIFIC_KNOBS: frozenset[str] = frozenset().union(*PIECE_KNOBS.values())
+
+
+def knobs_read(spec: AlgorithmSpec) -> frozenset[str]:
+    """The algorithm-specific config keys that `spec`'s pieces read."""
+    pieces = {(kind, str(getattr(spec, kind))) for kind, _ in PIECE_KNOBS}
+    return frozenset().union(*(knobs for piece, knobs in PIECE_KNOBS.items() if piece in pieces))
+
+
 def get_algorithm(name: str) -> AlgorithmSpec:
     """The spec registered under ``name``; an unknown name raises ``ValueError`` listing the valid ones."""
     try:

@@ -6,17 +6,15 @@ Every field has a one-line description (shown by `relax train --help-config`). U
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from relax.algorithms.config import AlgorithmConfig
+from relax.data.config import DataConfig, Section
 from relax.rewards.config import RewardConfig
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class RunConfig(Section):
@@ -34,56 +32,11 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Parameter dtype of the trainer's master weights and of the engines."
     )
-
-
-class MediaConfig(Section):
-    """Multimodal rows: where their media are listed and how the model's processor turns them into tensors."""
-
-    image_key: str = Field("images", description="Row field listing the images of the <image> placeholders.")
-    video_key: str = Field("videos", description="Row field listing the videos of the <video> placeholders.")
-    audio_key: str = Field(
-        "audios", description="Row field listing the audio clips of the <audio> placeholders."
+    reference_path: str | None = Field(
+        None,
+        description="Model folder of the frozen reference (KL terms) and distillation teacher; None = "
+        "`path`, the initial policy. On-policy distillation needs it.",
     )
-    processor: Literal["direct", "full", "auto"] = Field(
-        "direct",
-        description="`direct`: the image processor and feature extractor, placeholders expanded by Relax (no "
-        "torchvision needed); `full`: the model's processor class; `auto`: full if it loads, else direct.",
-    )
-    workers: int = Field(
-        2,
-        ge=0,
-        description="Worker processes that load and process media (0 = a thread of the rollout role).",
-    )
-    image_min_pixels: int | None = Field(
-        None, gt=0, description="Resize floor in pixels (None = the model's)."
-    )
-    image_max_pixels: int | None = Field(None, gt=0, description="Resize cap in pixels (None = the model's).")
-    video_fps: float = Field(2.0, gt=0, description="Frames per second sampled from a video.")
-    video_max_frames: int = Field(16, gt=0, description="Cap on sampled frames per video (evenly spread).")
-    video_max_tokens: int = Field(
-        256,
-        gt=0,
-        description="Token budget per video; frames are shrunk to fit it (at least 1 token/frame pair).",
-    )
-    audio_max_seconds: float = Field(30.0, gt=0, le=30.0, description="Longer audio clips are an error.")
-    cache_rows: int = Field(256, ge=0, description="Processed rows kept in memory for reuse (LRU).")
-
-    def keys(self) -> dict[str, str]:
-        """Media kind -> row field."""
-        return {"image": self.image_key, "video": self.video_key, "audio": self.audio_key}
-
-
-class DataConfig(Section):
-    train_files: list[str] = Field(..., min_length=1, description="Prompt files (.jsonl or .parquet).")
-    prompt_key: str = Field("prompt", description="Row field holding a plain-text prompt.")
-    messages_key: str = Field("messages", description="Row field holding chat messages.")
-    label_key: str = Field("label", description="Row field holding the reference answer.")
-    metadata_key: str = Field("metadata", description="Row field holding free-form metadata.")
-    apply_chat_template: bool = Field(True, description="Wrap prompts in the tokenizer's chat template.")
-    system_prompt: str | None = Field(None, description="System message prepended when templating.")
-    shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by run.seed).")
-    max_prompt_len: int = Field(1024, gt=0, description="Prompts longer than this (tokens) are an error.")
-    media: MediaConfig = Field(default_factory=MediaConfig, description="Images, videos and audio of rows.")
 
 
 class ElasticConfig(Section):
@@ -341,7 +294,10 @@ class TrainerConfig(Section):
         return self.backend == "fsdp" or self.num_ranks > 1 or self.lora is not None
 
 
-class ResourcesConfig(Section):
+class ScheduleConfig(Section):
+    """How rollout and training take turns: the execution mode, how far rollout runs ahead, and the
+    streaming knobs (relax/config/modes.py derives what each mode does from these)."""
+
     mode: Literal["colocate", "hybrid", "fully_async"] = Field(
         "colocate",
         description="Execution mode. colocate: rollout and training take turns (on-policy); hybrid: Rollout "
@@ -382,6 +338,11 @@ class ResourcesConfig(Section):
         ge=0,
         description="Testing: each engine sleeps this long after every decode step (a slow rollout).",
     )
+
+
+class ResourcesConfig(Section):
+    """Where the roles run: GPUs and CPUs per role, the Ray cluster. How they take turns is `schedule`."""
+
     engine_gpus: float | None = Field(
         None,
         ge=0,
@@ -526,6 +487,43 @@ class EvalConfig(Section):
         return self
 
 
+# section.key -> new section.key: keys renamed or moved, still accepted under the old name (with a warning)
+MOVED_KEYS = {
+    f"resources.{key}": f"schedule.{key}"
+    for key in (
+        "mode",
+        "max_staleness",
+        "data_plane",
+        "balance_data",
+        "fetch_ahead",
+        "overlap_push",
+        "debug_train_delay_s",
+        "debug_engine_step_sleep_s",
+    )
+}
+
+
+def migrate_moved_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `data` (a raw config mapping) with keys in `MOVED_KEYS` moved to their new place; each
+    moved key warns once (FutureWarning) with its new name. Both names set is an error."""
+    out = dict(data)
+    for old, new in MOVED_KEYS.items():
+        old_section, old_key = old.split(".")
+        section = out.get(old_section)
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        new_section, new_key = new.split(".")
+        target = out.get(new_section)
+        target = dict(target) if isinstance(target, dict) else {}
+        if new_key in target:
+            raise ValueError(f"{old} and {new} are both set; {old} is the old name of {new}: keep only {new}")
+        section = dict(section)
+        target[new_key] = section.pop(old_key)
+        out[old_section], out[new_section] = section, target
+        warnings.warn(f"config key {old} is now {new}; the old name still works for now", FutureWarning, 2)
+    return out
+
+
 class RelaxConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig
@@ -534,37 +532,47 @@ class RelaxConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     ops: OpsConfig = Field(default_factory=OpsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Keys that moved to another section keep working under their old name, with a warning."""
+        if isinstance(data, dict):
+            data = migrate_moved_keys(data)
+        return data
+
     @model_validator(mode="after")
     def _cross_checks(self) -> RelaxConfig:
-        # The Actor loads a frozen reference whenever the algorithm asks for one.
-        self.algorithm.validate_against(max_staleness=self.resources.max_staleness, has_reference=True)
+        self.algorithm.validate_against(
+            max_staleness=self.schedule.max_staleness, has_teacher=self.model.reference_path is not None
+        )
         if self.algorithm.old_log_probs == "rollout" and self.rollout.temperature != 1.0:
             raise ValueError(
                 f"algorithm.old_log_probs=rollout takes the engine's log-probs, which are after temperature "
                 f"{self.rollout.temperature}, as pi_old; the trainer's are at temperature 1. Set "
                 "rollout.temperature=1.0 or algorithm.old_log_probs=recompute"
             )
-        if self.algorithm.spec.needs_critic and self.resources.mode == "fully_async":
+        if self.algorithm.spec.needs_critic and self.schedule.mode == "fully_async":
             raise ValueError(
                 f"algorithm {self.algorithm.name!r} trains a critic, which runs in process on the Actor; "
-                "fully_async has no critic role: use resources.mode=hybrid (streaming) or colocate"
+                "fully_async has no critic role: use schedule.mode=hybrid (streaming) or colocate"
             )
         if self.rollout.over_provision and (
-            self.rollout.batch_order != "completion" or self.resources.mode == "colocate"
+            self.rollout.batch_order != "completion" or self.schedule.mode == "colocate"
         ):
             raise ValueError(
                 f"rollout.over_provision={self.rollout.over_provision} sends surplus groups to later steps: it "
-                "needs rollout.batch_order=completion and resources.mode hybrid or fully_async (colocate "
+                "needs rollout.batch_order=completion and schedule.mode hybrid or fully_async (colocate "
                 "generates each step on request); set those, or rollout.over_provision=0"
             )
-        if self.resources.overlap_push and self.trainer.uses_group:
+        if self.schedule.overlap_push and self.trainer.uses_group:
             raise ValueError(
-                "resources.overlap_push=true needs the in-process trainer: the fsdp ranks publish their live "
-                "shards, which the next update would change mid-push; leave resources.overlap_push unset"
+                "schedule.overlap_push=true needs the in-process trainer: the fsdp ranks publish their live "
+                "shards, which the next update would change mid-push; leave schedule.overlap_push unset"
             )
         if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relax.config.schema import DataConfig
+    from relax.data.config import DataConfig
 
 logger = logging.getLogger(__name__)
 

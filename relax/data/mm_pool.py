@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax.config.schema import MediaConfig
+from relax.data.config import MediaConfig
 from relax.data.dataset import PromptRow
 from relax.data.multimodal import MultimodalProcessor, ProcessedPrompt
 

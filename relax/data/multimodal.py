@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from relax.config.schema import MediaConfig
+from relax.data.config import MediaConfig
 from relax.data.dataset import DataError
 from relax.data.media import Video, load_audio, load_image, load_video
 from relax.data.video_frames import sample_frames, video_patches

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from relax.data.batch import TrainBatch
+from relax.data.columns import ADVANTAGES, LOG_PROBS, REF_LOG_PROBS, RETURNS
 from relax.data.mm_codec import decode_inputs, encode_inputs
 from relax.data.sample import Sample
-from relax.dataplane.plane import ADVANTAGES, LOG_PROBS, REF_LOG_PROBS, RETURNS
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ once the Actor has trained on it. Column values are plain Python objects (lists 
 Implementations: `LocalDataPlane` (in process; the unit tests' plane and the body of the Ray actor),
 `RayDataPlane` (one named Ray actor shared by every role) and `TransferQueueDataPlane`
 (`relax.dataplane.transferqueue`, PyPI `transferqueue`). `create_data_plane` / `connect_data_plane`
-pick one by `resources.data_plane`.
+pick one by `schedule.data_plane`.
 """
 
 from __future__ import annotations
@@ -34,38 +34,6 @@ STALL_WARN_S = 300.0
 # critical path: at the plane's default (up to 50 ms) Advantages saw a finished step 37 ms later on
 # average on 2 CPU cores, at 10 ms 12 ms later.
 STAGE_POLL_S = 0.01
-
-# -- columns, by producer ---------------------------------------------------------------------------
-ROLLOUT_COLUMNS = [  # Rollout: one row per sample
-    "prompt_ids",  # [P] prompt tokens
-    "response_ids",  # [R] generated tokens
-    "loss_mask",  # [R] 1 = trained token
-    "rollout_log_probs",  # [R] behaviour log-probs reported by the engine
-    "reward",  # scalar reward
-    "group_id",  # prompt group (GRPO)
-    "weight_versions",  # every weight version that produced a token of the sample
-    "length",  # P + R, for length-balanced sampling
-    "multimodal_inputs",  # "" for text; media tensors as safetensors + base64 (relax.data.mm_codec)
-]
-LOG_PROBS = "log_probs"  # ActorFwd: [R] old-policy log-probs
-REF_LOG_PROBS = "ref_log_probs"  # Reference: [R]
-VALUES = "values"  # Critic: [R]
-ADVANTAGES = "advantages"  # Advantages: [R]
-# Advantages: the step's `advantages/*` metrics on the first row it wrote, {} on the others; they reach
-# the Actor's metrics with the rows instead of by one more Serve call a step from the driver
-ADVANTAGES_METRICS = "advantages_metrics"
-RETURNS = "returns"  # Advantages (critic algorithms): [R]
-
-
-def sub_batch_groups(prompts_per_step: int) -> int:
-    """Prompt groups in the sub-batches a streaming forward takes as they arrive (the in-process Actor's,
-    ActorFwd's and Reference's): a quarter step."""
-    return max(1, prompts_per_step // 4)
-
-
-def partition_name(step: int) -> str:
-    """The partition holding training step `step`'s data."""
-    return f"train_{step}"
 
 
 @dataclass
@@ -351,7 +319,7 @@ def create_data_plane(kind: str) -> DataPlane:
         return TransferQueueDataPlane.create()
     if kind == "ray":
         return RayDataPlane.create()
-    raise ValueError(f"unknown resources.data_plane {kind!r}; valid: ray, transferqueue")
+    raise ValueError(f"unknown schedule.data_plane {kind!r}; valid: ray, transferqueue")
 
 
 def connect_data_plane(kind: str) -> DataPlane:
@@ -362,4 +330,4 @@ def connect_data_plane(kind: str) -> DataPlane:
         return TransferQueueDataPlane.connect()
     if kind == "ray":
         return RayDataPlane.connect()
-    raise ValueError(f"unknown resources.data_plane {kind!r}; valid: ray, transferqueue")
+    raise ValueError(f"unknown schedule.data_plane {kind!r}; valid: ray, transferqueue")

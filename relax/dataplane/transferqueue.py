@@ -27,9 +27,10 @@ from typing import Any
 
 import msgspec
 
+from relax.data.columns import ROLLOUT_COLUMNS
 from relax.dataplane import doorbell
 from relax.dataplane import plane as dp
-from relax.dataplane.plane import ROLLOUT_COLUMNS, DataBatch
+from relax.dataplane.plane import DataBatch
 from relax.dataplane.samplers import get_sampler
 
 logger = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from relax.config import RelaxConfig, dump_config
+from relax.config.modes import overlaps_push
 from relax.dataplane.plane import DataPlane, create_data_plane
 from relax.ops.heartbeat import close_board
 from relax.ops.notify import Notifier
@@ -27,7 +28,7 @@ from relax.orchestration import gpus, service
 from relax.orchestration.health import HealthManager
 from relax.orchestration.progress import Progress
 from relax.orchestration.recovery import run_with_restarts
-from relax.orchestration.registry import RoleSpec, overlaps_push, roles_for_mode
+from relax.orchestration.registry import RoleSpec, roles_for
 from relax.orchestration.step_flow import POLL_S, StepFlow
 from relax.roles.metrics import MetricsRole
 from relax.utils.timer import timer
@@ -67,7 +68,7 @@ class Controller:
             )
         dump_config(self.cfg, self.run_dir / "config.yaml")
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
-        notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.resources.mode)
+        notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.schedule.mode)
         r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
         self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
         self.health = HealthManager(self.cfg, notifier)
@@ -125,7 +126,7 @@ class Controller:
         service.start_serve()
         specs = [
             RoleSpec("metrics", MetricsRole, 0.25, {"resume_step": resume_step}),
-            *roles_for_mode(r.mode, self.cfg),
+            *roles_for(self.cfg),
         ]
         self.specs = {spec.name: spec for spec in specs}
         self.health.known.clear()
@@ -133,7 +134,7 @@ class Controller:
         # small host) starts while the roles' replicas start; roles connect to it on first use, which
         # is after this method returns.
         with ThreadPoolExecutor(1, thread_name_prefix="data-plane") as pool:
-            plane = pool.submit(create_data_plane, r.data_plane)
+            plane = pool.submit(create_data_plane, self.cfg.schedule.data_plane)
             try:
                 self.handles.update(service.deploy_roles([self._role(name) for name in self.specs]))
             finally:
@@ -144,7 +145,7 @@ class Controller:
             self.handles["actor"],
             self.handles["metrics"],
         )
-        self.flow = StepFlow(r.mode, self.handles, self.health)
+        self.flow = StepFlow(self.cfg.schedule.mode, self.handles, self.health)
         self.flow.redeploy = self._redeploy
         self.flow.overlap = overlaps_push(self.cfg)
         urls = self.rollout.engine_urls.remote().result()

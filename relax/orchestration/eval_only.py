@@ -24,7 +24,7 @@ def resolve_checkpoint(cfg: RelaxConfig, checkpoint: str | None) -> int:
         return 0
     if not path.is_dir():
         raise FileNotFoundError(f"--checkpoint {path} is neither a model folder nor a run checkpoint folder")
-    from relax.entrypoints.export_cmd import export_checkpoint
+    from relax.backends.training.export import export_checkpoint
 
     meta = path / "meta.json"
     step = json.loads(meta.read_text())["step"] if meta.exists() else 0

@@ -39,15 +39,15 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
     wants_gpu = gpus > 0 and t.device != "cpu"
     if not wants_gpu:
         engine, trainer, fwd = 0.0, 0.0, 0.0
-    elif r.mode == "colocate":
+    elif cfg.schedule.mode == "colocate":
         engine, trainer, fwd = 0.5, 0.5, 0.0
     else:
-        fwd = 0.25 if r.mode == "fully_async" else 0.0
+        fwd = 0.25 if cfg.schedule.mode == "fully_async" else 0.0
         engine, trainer = 1.0, (0.5 if fwd else 1.0)
         need = cfg.rollout.num_engines * engine + t.num_ranks * trainer + (2 * fwd)
         if cfg.rollout.engine == "embedded" and need > gpus:
             raise ValueError(
-                f"resources.mode={r.mode} splits the GPUs between {cfg.rollout.num_engines} engine(s) and "
+                f"schedule.mode={cfg.schedule.mode} splits the GPUs between {cfg.rollout.num_engines} engine(s) and "
                 f"{t.num_ranks} training rank(s) and needs {need:g} GPUs; the cluster has {gpus}. Lower "
                 "rollout.num_engines / trainer.num_ranks, use mode=colocate, or set resources.engine_gpus / "
                 "trainer_gpus to fractions"
@@ -66,7 +66,9 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
         # ActorFwd in fully_async) rules NCCL out, unless those receivers take CUDA IPC instead: embedded
         # engines and ActorFwd do; SGLang engines would need gloo.
         ipc = t.weight_sync_ipc and embedded
-        colocated_engines = r.mode == "colocate" and r.engine_gpus > 0 and r.trainer_gpus > 0 and not ipc
+        colocated_engines = (
+            cfg.schedule.mode == "colocate" and r.engine_gpus > 0 and r.trainer_gpus > 0 and not ipc
+        )
         shared = colocated_engines or ((r.fwd_gpus or 0) > 0 and not t.weight_sync_ipc)
         t.weight_sync_backend = "nccl" if r.engine_gpus > 0 and r.trainer_gpus > 0 and not shared else "gloo"
     if wants_gpu:
@@ -74,7 +76,7 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
             "GPU plan (%d GPUs, %s): %g per engine x %d, %g per training rank x %d, %g per forward role; "
             "weight sync over %s",
             gpus,
-            r.mode,
+            cfg.schedule.mode,
             r.engine_gpus,
             cfg.rollout.num_engines,
             r.trainer_gpus,
@@ -94,7 +96,7 @@ def ensure_gpu_group(cfg: RelaxConfig, gpus: int, cpus_per_bundle: float = 2.0):
     the other modes or without GPUs)."""
     r = cfg.resources
     shared = r.engine_gpus and r.trainer_gpus and cfg.trainer.uses_group  # ranks are Ray actors
-    if r.mode != "colocate" or gpus == 0 or not shared:
+    if cfg.schedule.mode != "colocate" or gpus == 0 or not shared:
         return None
     import ray
     from ray.util.placement_group import placement_group
@@ -104,18 +106,6 @@ def ensure_gpu_group(cfg: RelaxConfig, gpus: int, cpus_per_bundle: float = 2.0):
     ray.get(pg.ready(), timeout=300)
     r.gpu_group = name
     return pg
-
-
-def bundle_options(group: str | None, index: int) -> dict:
-    """Ray `.options(...)` that put an actor in bundle `index` (mod bundles) of the named group, or {}."""
-    if not group:
-        return {}
-    from ray.util import get_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    pg = get_placement_group(group)
-    idx = index % len(pg.bundle_specs)
-    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=idx)}
 
 
 def role_gpus(cfg: RelaxConfig, role: str) -> float:

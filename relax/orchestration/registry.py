@@ -1,10 +1,12 @@
-"""Which roles an execution mode needs. To add a mode or a role, add it to `MODES` here; a role that only
-some configurations need (GenRM) is added by `roles_for_mode` from the config."""
+"""Which roles a run deploys. To add a role, give it a `RoleSpec` in `ROLES` and say in `roles_for` when
+a run needs it; which stages a mode runs as services is decided in `relax.config.modes`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from relax.config.modes import MODES, stage_roles
 
 if TYPE_CHECKING:
     from relax.config import RelaxConfig
@@ -20,78 +22,31 @@ class RoleSpec:
     budget: str | None = None
 
 
-def _colocate() -> list[RoleSpec]:
-    """Rollout and Actor take turns; old/ref log-probs and advantages in process on the Actor."""
+def _spec(name: str, cfg: RelaxConfig) -> RoleSpec:
     from relax.roles.actor import ActorRole
-    from relax.roles.rollout import RolloutRole
-
-    return [
-        RoleSpec("rollout", RolloutRole, 1.0, budget="rollout"),
-        RoleSpec("actor", ActorRole, 1.0, budget="training"),
-    ]
-
-
-def _fully_async() -> list[RoleSpec]:
-    """Every stage its own service, streaming through the data plane (the Reference is added by
-    `roles_for_mode` when the algorithm needs one)."""
     from relax.roles.actor_fwd import ActorFwdRole
     from relax.roles.advantages import AdvantagesRole
+    from relax.roles.genrm import GenRMRole
+    from relax.roles.rollout import RolloutRole
 
-    return [
-        *_colocate(),
-        RoleSpec("actor_fwd", ActorFwdRole, 1.0, budget="training"),
-        RoleSpec("advantages", AdvantagesRole, 0.5, budget="rollout"),
-    ]
-
-
-# hybrid deploys the colocate roles; the difference is that the Rollout runs ahead (streaming).
-MODES = {"colocate": _colocate, "hybrid": _colocate, "fully_async": _fully_async}
-# Roles that stream in the background from `start(step)` (everything but the Actor) in each mode.
-STREAMING_MODES = {"hybrid", "fully_async"}
-
-
-def overlaps_push(cfg: RelaxConfig) -> bool:
-    """Whether step k+1's update starts while step k's weights are pushed (`resources.overlap_push`):
-    streaming modes only (colocate's next rollout needs the pushed weights first); by default with the
-    in-process trainer, which publishes a copy of its weights kept when the update ended."""
-    if cfg.resources.mode not in STREAMING_MODES:
-        return False
-    setting = cfg.resources.overlap_push
-    return not cfg.trainer.uses_group if setting is None else setting
+    specs = {
+        "rollout": lambda: RoleSpec("rollout", RolloutRole, 1.0, budget="rollout"),
+        "actor": lambda: RoleSpec("actor", ActorRole, 1.0, budget="training"),
+        "actor_fwd": lambda: RoleSpec("actor_fwd", ActorFwdRole, 1.0, budget="training"),
+        "reference": lambda: RoleSpec("reference", ActorFwdRole, 1.0, {"reference": True}, budget="training"),
+        "advantages": lambda: RoleSpec("advantages", AdvantagesRole, 0.5, budget="rollout"),
+        "genrm": lambda: RoleSpec("genrm", GenRMRole, cfg.reward.genrm.num_cpus, budget="rollout"),
+    }
+    return specs[name]()
 
 
-def groups_per_put(cfg: RelaxConfig) -> int:
-    """How many finished prompt groups one Rollout put carries at least (`RowWriter`): the fewest a
-    reader of the step takes at once. In fully_async without ActorFwd and Reference, Advantages and the
-    Actor each take a whole step, so the step goes out in one put: each put costs TransferQueue three
-    controller round trips and a storage one, and one put a step instead of ~4 saved ~9 ms of CPU a step
-    on 2 cores. With them, the sub-batch they forward. In colocate and hybrid (the in-process Actor
-    forwards sub-batches as they arrive) whatever finished goes out once the put before it is done."""
-    r = cfg.rollout
-    if cfg.resources.mode != "fully_async":
-        return 1
-    if {"actor_fwd", "reference"} & {role.name for role in roles_for_mode("fully_async", cfg)}:
-        from relax.dataplane.plane import sub_batch_groups
-
-        return sub_batch_groups(r.prompts_per_step)
-    return r.prompts_per_step
-
-
-def roles_for_mode(mode: str, cfg: RelaxConfig | None = None) -> list[RoleSpec]:
-    """The roles `mode` deploys, plus the GenRM judge service when `cfg.reward.genrm` is set."""
+def roles_for(cfg: RelaxConfig) -> list[RoleSpec]:
+    """The roles the run deploys: Rollout and Actor, the stage services of fully_async
+    (`relax.config.modes.stage_roles`), and the GenRM judge service when `reward.genrm` is set."""
+    mode = cfg.schedule.mode
     if mode not in MODES:
-        raise ValueError(f"unknown resources.mode {mode!r}; valid modes: {', '.join(sorted(MODES))}")
-    roles = MODES[mode]()
-    if mode == "fully_async" and cfg is not None:
-        from relax.roles.actor_fwd import ActorFwdRole
-        from relax.roles.advantages import needs_reference
-
-        if cfg.algorithm.old_log_probs == "rollout":  # pi_old is the rollout column: nothing to compute
-            roles = [r for r in roles if r.name != "actor_fwd"]
-        if needs_reference(cfg):
-            roles.append(RoleSpec("reference", ActorFwdRole, 1.0, {"reference": True}, budget="training"))
-    if cfg is not None and cfg.reward.genrm is not None:
-        from relax.roles.genrm import GenRMRole
-
-        roles.append(RoleSpec("genrm", GenRMRole, cfg.reward.genrm.num_cpus, budget="rollout"))
-    return roles
+        raise ValueError(f"unknown schedule.mode {mode!r}; valid modes: {', '.join(MODES)}")
+    names = ["rollout", "actor", *stage_roles(cfg)]
+    if cfg.reward.genrm is not None:
+        names.append("genrm")
+    return [_spec(name, cfg) for name in names]

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from relax.orchestration.registry import STREAMING_MODES
+from relax.config.modes import STREAMING_MODES
 
 try:  # a replica that died mid-call; the HealthManager decides what that costs
     from ray.exceptions import RayActorError as ReplicaGone

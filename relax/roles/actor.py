@@ -15,27 +15,24 @@ from pathlib import Path
 import torch
 
 from relax.algorithms.pipeline import make_policy_loss, make_value_loss
-from relax.algorithms.registry import get_algorithm
 from relax.backends.training.critic_backend import TorchCritic
 from relax.backends.training.rank_group import TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import RelaxConfig
+from relax.config.modes import actor_fetches_ahead, overlaps_push, stages_in_process, sub_batch_groups
 from relax.data.batch import TrainBatch
-from relax.data.rows import batch_from_columns
-from relax.dataplane.plane import (
+from relax.data.columns import (
     ADVANTAGES,
     ADVANTAGES_METRICS,
     LOG_PROBS,
     REF_LOG_PROBS,
     ROLLOUT_COLUMNS,
-    DataPlane,
-    PlaneClient,
     partition_name,
-    sub_batch_groups,
 )
+from relax.data.rows import batch_from_columns
+from relax.dataplane.plane import DataPlane, PlaneClient
 from relax.dataplane.samplers import balance_partitions
-from relax.orchestration.registry import STREAMING_MODES, overlaps_push
-from relax.roles.advantages import batch_advantages, needs_reference
+from relax.roles.advantages import batch_advantages
 from relax.rollout.staleness import staleness_metrics
 from relax.utils.timer import timer
 from relax.weights.publisher import WeightPublisher
@@ -51,18 +48,18 @@ class ActorRole(PlaneClient):
 
         setup_logging()
         self.cfg = cfg
-        spec = get_algorithm(cfg.algorithm.name)
+        spec = cfg.algorithm.spec
         # fully_async: ActorFwd, Reference and Advantages fill their columns; else they run in process.
-        self.in_process = cfg.resources.mode != "fully_async"
-        self.needs_reference = needs_reference(cfg) and self.in_process
+        self.in_process = stages_in_process(cfg)
+        self.needs_reference = cfg.algorithm.needs_reference and self.in_process
         self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
         self.num_ranks = cfg.trainer.num_ranks
-        self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
+        self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
         # fully_async: under `old_log_probs: rollout` there is no ActorFwd and pi_old is filled from the
         # rollout log-probs in `train_sync`
-        pi_old = [] if cfg.algorithm.old_log_probs == "rollout" else [LOG_PROBS]
+        pi_old = [] if cfg.algorithm.pi_old_from_rollout else [LOG_PROBS]
         self.train_columns = ROLLOUT_COLUMNS + pi_old + [ADVANTAGES, ADVANTAGES_METRICS]
-        if needs_reference(cfg):
+        if cfg.algorithm.needs_reference:
             self.train_columns.append(REF_LOG_PROBS)
         self.loss_fn = make_policy_loss(cfg.algorithm)
         # PPO's critic trains alongside the actor, in process in colocate mode.
@@ -82,20 +79,11 @@ class ActorRole(PlaneClient):
         )
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
-        # Streaming modes fetch step k+1's rows ahead: the rollout ran ahead, so they are usually there,
-        # and taking them (13-16 ms a step on 2 CPU cores; 0.1-0.27 s on the H200 run) leaves the step's
-        # critical path. Only where taking them needs no forward pass on the current weights (pi_old from
-        # the engine or from ActorFwd; no reference or critic in process). When the update runs in rank
-        # processes the fetch starts with it. With the in-process trainer it starts when the update ends
-        # and overlaps the weight push instead: during the update it would share the interpreter lock
-        # and slowed the update by a third on 2 CPU cores (0.19 -> 0.27-0.37 s a step).
-        in_process_forward = (
-            self.needs_reference or cfg.algorithm.old_log_probs != "rollout" or spec.needs_critic
-        )
-        ahead = cfg.resources.fetch_ahead is not False
-        self.prefetch = (
-            ahead and cfg.resources.mode in STREAMING_MODES and not (self.in_process and in_process_forward)
-        )
+        # Streaming modes fetch step k+1's rows ahead (relax/config/modes.py). When the update runs in
+        # rank processes the fetch starts with it. With the in-process trainer it starts when the update
+        # ends and overlaps the weight push instead: during the update it would share the interpreter
+        # lock and slow the update (docs/modes.md).
+        self.prefetch = actor_fetches_ahead(cfg)
         self.fetch_with_update = isinstance(self.trainer, TrainerGroup)
         # overlap_push: the weights each update ended with, by version, until the push of the next
         self.overlap_push = overlaps_push(cfg)
@@ -187,7 +175,7 @@ class ActorRole(PlaneClient):
             )
             sub = batch_from_columns(data.columns)
             with timer("old_log_probs", times):
-                if self.cfg.algorithm.old_log_probs == "rollout":
+                if self.cfg.algorithm.pi_old_from_rollout:
                     columns[LOG_PROBS] += behaviour_log_probs(sub)
                 else:
                     columns[LOG_PROBS] += await asyncio.to_thread(self.trainer.compute_log_probs, sub)
@@ -200,7 +188,7 @@ class ActorRole(PlaneClient):
                 columns[c] += data.columns[c]
         if not self.needs_reference:
             del columns[REF_LOG_PROBS]
-        if self.cfg.resources.balance_data:
+        if self.cfg.schedule.balance_data:
             order = [i for part in balance_partitions(columns["length"], self.num_ranks) for i in part]
             columns = {c: [v[i] for i in order] for c, v in columns.items()}
         return columns
@@ -209,7 +197,7 @@ class ActorRole(PlaneClient):
         times = times if times is not None else {}
         if batch.old_log_probs is None:  # a whole batch handed in (tests), or pi_old = behaviour policy
             with timer("old_log_probs", times):
-                if self.cfg.algorithm.old_log_probs == "rollout":
+                if self.cfg.algorithm.pi_old_from_rollout:
                     batch.old_log_probs = behaviour_log_probs(batch)
                 else:
                     batch.old_log_probs = self.trainer.compute_log_probs(batch)
@@ -227,8 +215,8 @@ class ActorRole(PlaneClient):
         metrics = staleness_metrics(
             self.trainer.step, batch.extras.get("weight_versions", [[v] for v in batch.weight_versions])
         )
-        if self.cfg.resources.debug_train_delay_s:
-            time.sleep(self.cfg.resources.debug_train_delay_s)
+        if self.cfg.schedule.debug_train_delay_s:
+            time.sleep(self.cfg.schedule.debug_train_delay_s)
         with timer("update", times):
             metrics.update(self.trainer.train_batch(batch, self.loss_fn))
         if self.critic is not None:

@@ -20,17 +20,11 @@ import torch
 
 from relax.backends.training.torch_backend import DTYPES, resolve_device, response_log_probs
 from relax.config import RelaxConfig
+from relax.config.modes import sub_batch_groups
 from relax.data.batch import TrainBatch, pack_micro_batches
+from relax.data.columns import LOG_PROBS, REF_LOG_PROBS, partition_name
 from relax.data.rows import tensor_column
-from relax.dataplane.plane import (
-    LOG_PROBS,
-    REF_LOG_PROBS,
-    STAGE_POLL_S,
-    DataPlane,
-    PlaneClient,
-    partition_name,
-    sub_batch_groups,
-)
+from relax.dataplane.plane import STAGE_POLL_S, DataPlane, PlaneClient
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +60,7 @@ class ActorFwdRole(PlaneClient):
         self.device = resolve_device(cfg.trainer.device)
         self.model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=DTYPES[cfg.model.dtype])
         self.model.to(self.device).eval().requires_grad_(False)
-        self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
+        self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
         self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
         self._weights_changed = asyncio.Condition()
         self._task: asyncio.Task | None = None

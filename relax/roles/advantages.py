@@ -17,21 +17,18 @@ import uuid
 import torch
 
 from relax.algorithms.pipeline import compute_advantages
-from relax.algorithms.registry import get_algorithm
 from relax.config import RelaxConfig
 from relax.data.batch import TrainBatch, pad_ragged
-from relax.data.rows import tensor_column
-from relax.dataplane.plane import (
+from relax.data.columns import (
     ADVANTAGES,
     ADVANTAGES_METRICS,
     LOG_PROBS,
     REF_LOG_PROBS,
     RETURNS,
-    STAGE_POLL_S,
-    DataPlane,
-    PlaneClient,
     partition_name,
 )
+from relax.data.rows import tensor_column
+from relax.dataplane.plane import STAGE_POLL_S, DataPlane, PlaneClient
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +59,7 @@ def batch_advantages(
 def pi_old_column(cfg: RelaxConfig) -> str:
     """The column that holds pi_old's log-probs: ActorFwd's recomputation, or the engine's behaviour
     log-probs under `algorithm.old_log_probs: rollout` (fully_async then deploys no ActorFwd)."""
-    return "rollout_log_probs" if cfg.algorithm.old_log_probs == "rollout" else LOG_PROBS
+    return "rollout_log_probs" if cfg.algorithm.pi_old_from_rollout else LOG_PROBS
 
 
 def advantage_inputs(columns: dict[str, list], pi_old: str) -> TrainBatch:
@@ -88,22 +85,16 @@ def advantage_inputs(columns: dict[str, list], pi_old: str) -> TrainBatch:
     )
 
 
-def needs_reference(cfg: RelaxConfig) -> bool:
-    """Whether the run computes reference log-probs (the algorithm asks, or a KL term is on)."""
-    algo = cfg.algorithm
-    return get_algorithm(algo.name).needs_reference or algo.kl_coef > 0 or algo.reward_kl_coef > 0
-
-
 class AdvantagesRole(PlaneClient):
     def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
         from relax.utils.logging import setup_logging
 
         setup_logging()
         self.cfg = cfg
-        self._plane, self._plane_kind = plane, cfg.resources.data_plane  # connects on first use
+        self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
         self.pi_old = pi_old_column(cfg)
         self.inputs = ["loss_mask", "reward", "group_id", self.pi_old]
-        if needs_reference(cfg):
+        if cfg.algorithm.needs_reference:
             self.inputs.append(REF_LOG_PROBS)
         self.task = f"advantages-{uuid.uuid4().hex[:8]}"  # a restarted replica is a new consumer
         self._task: asyncio.Task | None = None

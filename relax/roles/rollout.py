@@ -14,13 +14,15 @@ import json
 import logging
 from pathlib import Path
 
+from relax.agentic.rollout import agent_factory
 from relax.config import RelaxConfig
+from relax.config.modes import groups_per_put
+from relax.data.columns import partition_name
 from relax.data.dataset import PromptSource, load_prompt_files
 from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
-from relax.dataplane.plane import DataPlane, PlaneClient, RowWriter, partition_name
+from relax.dataplane.plane import DataPlane, PlaneClient, RowWriter
 from relax.ops.engine_recovery import EngineSupervisor
-from relax.orchestration.registry import groups_per_put
 from relax.rewards import build_scorer
 from relax.rollout.evaluator import Evaluator
 from relax.rollout.loop import RolloutLoop
@@ -73,7 +75,9 @@ class RolloutRole(PlaneClient):
             self.engine_supervisor = EngineSupervisor(
                 self.engine_group, self.router, cfg.model.path, engine_kwargs, cfg.ops.heartbeat_interval_s
             )
-        self.loop = RolloutLoop(cfg, self.tokenizer, self.router, build_scorer(cfg.reward))
+        self.loop = RolloutLoop(
+            cfg, self.tokenizer, self.router, build_scorer(cfg.reward), agent_factory(cfg, self.tokenizer)
+        )
         self.evaluator = Evaluator(cfg, self.loop)
         self.producer = StepProducer(cfg, self.loop, self.source)
         self.assembler = StepAssembler(
@@ -81,7 +85,7 @@ class RolloutRole(PlaneClient):
         )
         self._writer: RowWriter | None = None  # groups finished together go out in one put
         # connected on first use (eval-only runs have no data plane)
-        self._plane, self._plane_kind = plane, cfg.resources.data_plane
+        self._plane, self._plane_kind = plane, cfg.schedule.data_plane
         self.gate: StalenessGate | None = None
         self._ahead_task: asyncio.Task | None = None
         self._step_error: BaseException | None = None  # the first failed step running ahead
@@ -195,8 +199,8 @@ class RolloutRole(PlaneClient):
 
     async def start(self, first_step: int) -> None:
         """Run ahead from `first_step` in the background, gated by the staleness rule."""
-        self.gate = StalenessGate(self.cfg.resources.max_staleness, first_step)
-        if sleep := self.cfg.resources.debug_engine_step_sleep_s:
+        self.gate = StalenessGate(self.cfg.schedule.max_staleness, first_step)
+        if sleep := self.cfg.schedule.debug_engine_step_sleep_s:
             await asyncio.gather(*(e.client.slow_down(sleep) for e in self.router.engines.values()))
         self._ahead_task = asyncio.create_task(self._run_ahead(first_step))
 

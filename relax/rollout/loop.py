@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
+from collections.abc import Callable
 from typing import Any
 
-from relax.agentic.rollout_metrics import agent_metrics
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow, tokenize_prompt
 from relax.data.sample import Sample, SampleStatus
 from relax.rewards.scorer import RewardScorer
+from relax.rollout.metrics import rollout_metrics
 from relax.rollout.partial_rollout import InflightRequests
 from relax.rollout.router import Router
 
 logger = logging.getLogger(__name__)
+
+# (in-flight requests, stop token ids) -> the agent that generates one prompt group
+AgentFactory = Callable[[InflightRequests, list[int]], Any]
 
 FINISH_STATUS = {
     "stop": SampleStatus.COMPLETED,
@@ -27,7 +30,16 @@ FINISH_STATUS = {
 
 
 class RolloutLoop:
-    def __init__(self, cfg: RelaxConfig, tokenizer: Any, router: Router, scorer: RewardScorer) -> None:
+    def __init__(
+        self,
+        cfg: RelaxConfig,
+        tokenizer: Any,
+        router: Router,
+        scorer: RewardScorer,
+        agent: AgentFactory | None = None,
+    ) -> None:
+        """`agent`: builds what runs one prompt group when `rollout.agent.kind` is not `single_turn`
+        (`relax.agentic.rollout.agent_factory`), given the loop's in-flight requests and stop tokens."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.router = router
@@ -45,11 +57,10 @@ class RolloutLoop:
                 if t is not None
             }
         )
-        self.agent: Any = None  # multi-turn / external agents (relax.agentic), by rollout.agent.kind
-        if r.agent.kind != "single_turn":
-            from relax.agentic.rollout import AgentRollout
-
-            self.agent = AgentRollout(cfg, tokenizer, self.inflight, self.stop_token_ids)
+        # multi-turn / external agents (relax.agentic), by rollout.agent.kind
+        if r.agent.kind != "single_turn" and agent is None:
+            raise ValueError(f"rollout.agent.kind={r.agent.kind!r} needs an agent factory (relax.agentic)")
+        self.agent: Any = agent(self.inflight, self.stop_token_ids) if agent is not None else None
 
     def sampling_params(self) -> dict[str, Any]:
         r = self.cfg.rollout
@@ -162,21 +173,3 @@ class RolloutLoop:
             rows, step * len(rows), self.sampling_params(), self.scorer
         )
         return samples, {**rollout_metrics(samples, step), **reward_metrics}
-
-
-def rollout_metrics(samples: list[Sample], step: int) -> dict[str, float]:
-    rewards = [float(s.reward or 0.0) for s in samples]
-    lengths = [s.response_length for s in samples]
-    versions = [s.weight_version for s in samples if s.weight_version >= 0] or [step - 1]
-    return {
-        "rollout/reward_mean": statistics.fmean(rewards),
-        "rollout/reward_std": statistics.pstdev(rewards),
-        "rollout/response_len_mean": statistics.fmean(lengths),
-        "rollout/prompt_len_mean": statistics.fmean(len(s.prompt_ids) for s in samples),
-        "rollout/response_len_max": float(max(lengths)),
-        "rollout/truncated_frac": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
-        "rollout/num_samples": float(len(samples)),
-        # staleness: how many updates the trainer is ahead of the weights that generated a sample
-        "rollout/staleness_max": float(max(step - 1 - v for v in versions)),
-        **agent_metrics(samples),
-    }

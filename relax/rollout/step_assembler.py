@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from relax.data.sample import Sample
-from relax.rollout.loop import rollout_metrics
+from relax.rollout.metrics import rollout_metrics
 
 BatchOrder = Literal["step", "completion"]
 Write = Callable[[int, list[Sample]], Awaitable[None]]

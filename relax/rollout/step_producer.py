@@ -25,7 +25,8 @@ from relax.algorithms.pipeline import filter_groups_dynamic_sampling
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow, PromptSource
 from relax.data.sample import Sample
-from relax.rollout.loop import RolloutLoop, rollout_metrics
+from relax.rollout.loop import RolloutLoop
+from relax.rollout.metrics import rollout_metrics
 
 logger = logging.getLogger(__name__)
 

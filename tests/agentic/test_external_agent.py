@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from agentic_helpers import agent_config, run
 
+from relax.agentic.rollout import agent_factory
 from relax.data.dataset import PromptRow
 from relax.data.rows import samples_to_rows
 from relax.rewards import build_scorer
@@ -23,7 +24,7 @@ AGENTS = Path(__file__).parent / "agents"
 
 async def _external(cfg, tokenizer, url, prompt="What is 3+4?"):
     router = Router([url], timeout_s=120)
-    loop = RolloutLoop(cfg, tokenizer, router, build_scorer(cfg.reward))
+    loop = RolloutLoop(cfg, tokenizer, router, build_scorer(cfg.reward), agent_factory(cfg, tokenizer))
     try:
         samples, _ = await loop.generate(
             [PromptRow(0, prompt, label="7")], 0, loop.sampling_params(), loop.scorer

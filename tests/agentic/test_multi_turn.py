@@ -8,6 +8,7 @@ import pytest
 import torch
 from agentic_helpers import agent_config, run
 
+from relax.agentic.rollout import agent_factory
 from relax.data.dataset import PromptRow
 from relax.rewards import build_scorer
 from relax.rollout.loop import RolloutLoop
@@ -19,7 +20,7 @@ FORCED = "tests.agentic.agent_envs:make_forced"
 
 async def _episodes(cfg, tokenizer, url, prompt="3+4=", n_rows=1):
     router = Router([url], timeout_s=120)
-    loop = RolloutLoop(cfg, tokenizer, router, build_scorer(cfg.reward))
+    loop = RolloutLoop(cfg, tokenizer, router, build_scorer(cfg.reward), agent_factory(cfg, tokenizer))
     try:
         groups = [
             await loop._generate_group(PromptRow(i, prompt), i, loop.sampling_params()) for i in range(n_rows)
@@ -150,7 +151,7 @@ def test_failing_and_hanging_tools_become_error_observations(
             s.response_ids[first["obs_start"] : first["obs_end"]], skip_special_tokens=False
         )
         assert f"<tool_response>\n{text}\n</tool_response>" in obs
-    from relax.agentic.rollout_metrics import agent_metrics
+    from relax.rollout.metrics import agent_metrics
 
     m = agent_metrics(samples)
     assert m["agent/tool_error_rate"] == 1.0

@@ -9,6 +9,7 @@ import torch
 from agentic_helpers import agent_config, run
 from transformers import AutoTokenizer
 
+from relax.agentic.rollout import agent_factory
 from relax.backends.inference.embedded.server import EngineServer
 from relax.data.dataset import PromptRow
 from relax.models.multimodal_model import banned_token_ids, load_causal_lm, mask_media_logits, model_inputs
@@ -38,7 +39,7 @@ def test_tool_image_is_carried_into_the_next_turn(vl_model_dir):
 
     async def episodes():
         router = Router([server.url], timeout_s=120)
-        loop = RolloutLoop(cfg, tok, router, build_scorer(cfg.reward))
+        loop = RolloutLoop(cfg, tok, router, build_scorer(cfg.reward), agent_factory(cfg, tok))
         try:
             return await loop._generate_group(PromptRow(0, "Look."), 0, loop.sampling_params())
         finally:

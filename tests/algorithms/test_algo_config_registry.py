@@ -69,16 +69,50 @@ def test_dynamic_sampling_needs_groups():
         AlgorithmConfig(name="ppo", dynamic_sampling=True)
 
 
-def test_validate_against_staleness_and_reference():
+def test_validate_against_staleness_and_teacher():
     with pytest.raises(ValueError, match="on-policy only.*max_staleness=0"):
-        AlgorithmConfig(name="rloo").validate_against(max_staleness=1, has_reference=False)
-    AlgorithmConfig(name="rloo").validate_against(max_staleness=0, has_reference=False)
-    AlgorithmConfig(name="grpo").validate_against(max_staleness=4, has_reference=False)
-    with pytest.raises(ValueError, match="reference"):
-        AlgorithmConfig(kl_coef=0.01).validate_against(max_staleness=0, has_reference=False)
+        AlgorithmConfig(name="rloo").validate_against(max_staleness=1, has_teacher=False)
+    AlgorithmConfig(name="rloo").validate_against(max_staleness=0, has_teacher=False)
+    AlgorithmConfig(name="grpo").validate_against(max_staleness=4, has_teacher=False)
+    # the reference is always there (the initial policy): a KL term needs no extra model
+    AlgorithmConfig(kl_coef=0.01).validate_against(max_staleness=0, has_teacher=False)
+    with pytest.raises(ValueError, match="teacher.*model.reference_path"):
+        AlgorithmConfig(name="on_policy_distillation").validate_against(0, has_teacher=False)
     with pytest.raises(ValueError, match="teacher"):
-        AlgorithmConfig(name="on_policy_distillation").validate_against(0, has_reference=False)
-    AlgorithmConfig(name="on_policy_distillation").validate_against(0, False, has_teacher=True)
+        AlgorithmConfig(distill_coef=0.5).validate_against(0, has_teacher=False)
+    AlgorithmConfig(name="on_policy_distillation").validate_against(0, has_teacher=True)
+
+
+def test_needs_reference_and_pi_old_properties():
+    assert not AlgorithmConfig().needs_reference
+    assert AlgorithmConfig(kl_coef=0.01).needs_reference
+    assert AlgorithmConfig(reward_kl_coef=0.01).needs_reference
+    assert AlgorithmConfig(name="on_policy_distillation").needs_reference  # the teacher serves it
+    assert not AlgorithmConfig().pi_old_from_rollout
+    assert AlgorithmConfig(old_log_probs="rollout").pi_old_from_rollout
+
+
+@pytest.mark.parametrize(
+    "name, key, value, readers",
+    [
+        ("grpo", "sapo_tau_pos", 2.0, "sapo"),
+        ("grpo", "lam", 0.9, "ppo"),
+        ("rloo", "clip_eps_high", 0.3, "grpo"),
+        ("sapo", "m2po_tau", 0.1, "m2po"),
+        ("grpo", "value_clip", 0.5, "ppo"),
+    ],
+)
+def test_knobs_of_another_algorithm_are_refused(name, key, value, readers):
+    with pytest.raises(ValidationError, match=rf"{name!r} does not read {key} \(read by .*{readers}"):
+        AlgorithmConfig(name=name, **{key: value})
+
+
+def test_knobs_of_the_algorithm_are_accepted():
+    AlgorithmConfig(name="ppo", lam=0.9, gamma=0.99, value_clip=0.3, clip_eps_high=0.3)
+    AlgorithmConfig(name="sapo", sapo_tau_pos=2.0)
+    AlgorithmConfig(name="reinforce_plus_plus", gamma=0.99)
+    AlgorithmConfig(name="grpo", normalize_std=False, dual_clip_c=3.0)
+    AlgorithmConfig(name="dr_grpo")  # its own default normalize_std=False is not a user setting
 
 
 def test_docs_have_one_section_per_algorithm():

@@ -52,8 +52,8 @@ def test_unknown_section(cfg_file):
 
 
 def test_invalid_values_name_accepted_ones(cfg_file):
-    with pytest.raises(ConfigError, match="resources.mode: Input should be 'colocate'"):
-        load_config(cfg_file, ["resources.mode=fast"])
+    with pytest.raises(ConfigError, match="schedule.mode: Input should be 'colocate'"):
+        load_config(cfg_file, ["schedule.mode=fast"])
     with pytest.raises(ConfigError, match="trainer.lr: Input should be greater than 0"):
         load_config(cfg_file, ["trainer.lr=-1"])
     with pytest.raises(ConfigError, match="valid names: .*grpo"):
@@ -64,20 +64,18 @@ def test_invalid_values_name_accepted_ones(cfg_file):
 
 def test_cross_section_checks(cfg_file):
     with pytest.raises(ConfigError, match="on-policy only"):
-        load_config(cfg_file, ["algorithm.name=rloo", "resources.max_staleness=1"])
+        load_config(cfg_file, ["algorithm.name=rloo", "schedule.max_staleness=1"])
     with pytest.raises(ConfigError, match="n_samples_per_prompt >= 2"):
         load_config(cfg_file, ["rollout.n_samples_per_prompt=1"])
     with pytest.raises(ConfigError, match="engine_urls"):
         load_config(cfg_file, ["rollout.engine=external"])
     # caught when the config loads, not when the Actor's replica fails to start three times
-    with pytest.raises(ConfigError, match="'ppo' trains a critic.*resources.mode=hybrid"):
-        load_config(
-            cfg_file, ["algorithm.name=ppo", "resources.mode=fully_async", "resources.max_staleness=1"]
-        )
+    with pytest.raises(ConfigError, match="'ppo' trains a critic.*schedule.mode=hybrid"):
+        load_config(cfg_file, ["algorithm.name=ppo", "schedule.mode=fully_async", "schedule.max_staleness=1"])
 
 
 def test_over_provision_needs_completion_order_in_a_streaming_mode(cfg_file):
-    streaming = ["resources.mode=fully_async", "resources.max_staleness=1"]
+    streaming = ["schedule.mode=fully_async", "schedule.max_staleness=1"]
     with pytest.raises(ConfigError, match="over_provision=4.*batch_order=completion"):
         load_config(cfg_file, ["rollout.over_provision=4", *streaming])
     with pytest.raises(ConfigError, match="colocate generates each step on request"):
@@ -88,7 +86,7 @@ def test_over_provision_needs_completion_order_in_a_streaming_mode(cfg_file):
 
 def test_overlap_push_needs_the_in_process_trainer(cfg_file):
     with pytest.raises(ConfigError, match="overlap_push=true needs the in-process trainer"):
-        load_config(cfg_file, ["resources.overlap_push=true", "trainer.backend=fsdp"])
+        load_config(cfg_file, ["schedule.overlap_push=true", "trainer.backend=fsdp"])
 
 
 def test_cpu_budgets_are_cpu_lists(cfg_file):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from relax.config.schema import MediaConfig
+from relax.data.config import MediaConfig
 from relax.data.dataset import DataError, load_prompts
 from relax.data.media import MediaError, load_audio, load_image, load_video, resample, write_wav
 from relax.data.mm_codec import decode_inputs, encode_inputs

@@ -57,7 +57,7 @@ async def contract(plane):
 async def packed_rows(plane):
     """TransferQueue keeps the Rollout's columns packed in one field: every value comes back as written,
     and a row column the Rollout does not write, or a Rollout column written later, is refused."""
-    from relax.dataplane.plane import ROLLOUT_COLUMNS
+    from relax.data.columns import ROLLOUT_COLUMNS
 
     row = {
         "prompt_ids": [1, 2],
@@ -119,7 +119,7 @@ def test_roles_connect_to_the_plane_on_first_use():
             self._plane, self._plane_kind = plane, kind
 
     role = Role("no-such-plane")  # would fail here if the constructor connected
-    with pytest.raises(ValueError, match="unknown resources.data_plane 'no-such-plane'"):
+    with pytest.raises(ValueError, match="unknown schedule.data_plane 'no-such-plane'"):
         _ = role.plane
     given = LocalDataPlane()
     assert Role("no-such-plane", given).plane is given
@@ -203,7 +203,7 @@ def test_row_writer_waits_for_a_batch_of_writes_or_the_partitions_last():
 
 def test_fully_async_puts_a_step_at_once_when_every_reader_takes_it_whole(tiny_model_dir, arith_file):
     from relax.config import load_config
-    from relax.orchestration.registry import groups_per_put
+    from relax.config.modes import groups_per_put
 
     def per_put(*overrides: str) -> int:
         base = [
@@ -213,11 +213,11 @@ def test_fully_async_puts_a_step_at_once_when_every_reader_takes_it_whole(tiny_m
         ]
         return groups_per_put(load_config(None, [*base, *overrides]))
 
-    whole = ["resources.mode=fully_async", "algorithm.old_log_probs=rollout", "algorithm.kl_coef=0.0"]
+    whole = ["schedule.mode=fully_async", "algorithm.old_log_probs=rollout", "algorithm.kl_coef=0.0"]
     assert per_put(*whole) == 16  # Advantages and the Actor: whole steps
     assert per_put(*whole[:2], "algorithm.kl_coef=0.1") == 4  # Reference forwards quarter steps
-    assert per_put("resources.mode=fully_async", "algorithm.old_log_probs=recompute") == 4  # ActorFwd
-    assert per_put("resources.mode=hybrid") == per_put("resources.mode=colocate") == 1
+    assert per_put("schedule.mode=fully_async", "algorithm.old_log_probs=recompute") == 4  # ActorFwd
+    assert per_put("schedule.mode=hybrid") == per_put("schedule.mode=colocate") == 1
 
 
 class _Partition:

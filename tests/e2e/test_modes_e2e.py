@@ -23,8 +23,8 @@ def mode_config(tiny_model_dir, arith_file, out_dir, mode, steps, extra=()):
             f"data.train_files=[{arith_file}]",
             f"run.output_dir={out_dir}",
             f"run.name={mode}",
-            f"resources.mode={mode}",
-            f"resources.max_staleness={0 if mode == 'colocate' else 1}",
+            f"schedule.mode={mode}",
+            f"schedule.max_staleness={0 if mode == 'colocate' else 1}",
             f"trainer.num_steps={steps}",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
@@ -64,7 +64,7 @@ def test_mode_learns(ray_cluster, tiny_model_dir, arith_file, tmp_path, mode):
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     # tests/toy_arith.yaml on the 0.16 M model: over 30 steps the window means rise by ~0.05
     assert last > first + 0.03, (mode, rewards)
-    assert max(r["staleness/max"] for r in rows) <= cfg.resources.max_staleness
+    assert max(r["staleness/max"] for r in rows) <= cfg.schedule.max_staleness
 
 
 @pytest.mark.parametrize("staleness", [0, 2])
@@ -76,9 +76,9 @@ def test_staleness_bound_with_slow_trainer(ray_cluster, tiny_model_dir, arith_fi
         "fully_async",
         steps=5,
         extra=[
-            f"resources.max_staleness={staleness}",
-            "resources.debug_train_delay_s=1.5",
-            "resources.data_plane=ray",
+            f"schedule.max_staleness={staleness}",
+            "schedule.debug_train_delay_s=1.5",
+            "schedule.data_plane=ray",
             # with staleness, pi_old is the behaviour policy: no ActorFwd, the Actor fills it in process
             *(["algorithm.old_log_probs=rollout"] if staleness else []),
         ],
@@ -124,7 +124,7 @@ def test_in_place_partial_rollout_keeps_requests_across_updates(
         "rollout.mask_offpolicy_tokens=true",
         "rollout.max_new_tokens=32",
         "rollout.prompts_per_step=8",
-        "resources.debug_engine_step_sleep_s=0.02",  # generation outlasts a training step: pushes land mid-way
+        "schedule.debug_engine_step_sleep_s=0.02",  # generation outlasts a training step: pushes land mid-way
     ]
     cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "fully_async", steps=4, extra=extra)
     assert Controller(cfg).run() == 4

@@ -45,7 +45,7 @@ def fault_config(tiny_model_dir, arith_file, out_dir, name, notify_url, *extra):
             f"ops.notify_urls=[{notify_url}]",
             "eval.sets=[]",
             "eval.before_train=false",
-            "resources.data_plane=ray",
+            "schedule.data_plane=ray",
             *extra,
         ],
     )
@@ -120,8 +120,8 @@ def test_engine_and_actor_fwd_killed_are_replaced_in_place(
         tmp_path,
         "in_place",
         inbox.url,
-        "resources.mode=fully_async",
-        "resources.max_staleness=1",
+        "schedule.mode=fully_async",
+        "schedule.max_staleness=1",
         "rollout.num_engines=2",
         "trainer.num_steps=5",
     )

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
+from relax.config import load_config
 from relax.orchestration import service
-from relax.orchestration.registry import roles_for_mode
+from relax.orchestration.registry import roles_for
 from tests.orchestration.cpu_probe import Probe
 
 pytestmark = pytest.mark.skipif(
@@ -21,7 +22,12 @@ def thread_affinities(pid: int) -> list[set[int]]:
 
 
 def test_every_role_has_its_budget():
-    budgets = {r.name: r.budget for r in roles_for_mode("fully_async")}
+    budgets = {
+        r.name: r.budget
+        for r in roles_for(
+            load_config(None, ["model.path=m", "data.train_files=[d]", "schedule.mode=fully_async"])
+        )
+    }
     assert budgets == {
         "rollout": "rollout",
         "actor": "training",

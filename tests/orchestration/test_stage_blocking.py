@@ -10,16 +10,11 @@ import pytest
 import torch
 
 from relax.config import load_config
+from relax.data.columns import ADVANTAGES, ADVANTAGES_METRICS, LOG_PROBS, REF_LOG_PROBS
 from relax.data.rows import sample_to_row
 from relax.data.sample import Sample
-from relax.dataplane.plane import (
-    ADVANTAGES,
-    ADVANTAGES_METRICS,
-    LOG_PROBS,
-    REF_LOG_PROBS,
-    LocalDataPlane,
-)
-from relax.orchestration.registry import roles_for_mode
+from relax.dataplane.plane import LocalDataPlane
+from relax.orchestration.registry import roles_for
 from relax.roles.actor import ActorRole
 from relax.roles.actor_fwd import ActorFwdRole
 from relax.roles.advantages import AdvantagesRole
@@ -35,8 +30,8 @@ def cfg(tiny_model_dir, arith_file, tmp_path):
             f"run.output_dir={tmp_path}",
             "rollout.prompts_per_step=2",
             "rollout.n_samples_per_prompt=2",
-            "resources.mode=fully_async",
-            "resources.data_plane=ray",
+            "schedule.mode=fully_async",
+            "schedule.data_plane=ray",
             "algorithm.kl_coef=0.1",  # the loss needs reference log-probs
             "trainer.threads=1",
         ],
@@ -119,8 +114,8 @@ def test_rollout_log_probs_as_pi_old_need_no_actor_fwd(cfg):
     the rollout column and the Actor trains on rows that never get a `log_probs` column. The in-process
     Actor (colocate, hybrid) uses the rollout log-probs too instead of forwarding."""
     cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"old_log_probs": "rollout"})})
-    assert "actor_fwd" not in [r.name for r in roles_for_mode("fully_async", cfg)]
-    assert "reference" in [r.name for r in roles_for_mode("fully_async", cfg)]  # kl_coef > 0
+    assert "actor_fwd" not in [r.name for r in roles_for(cfg)]
+    assert "reference" in [r.name for r in roles_for(cfg)]  # kl_coef > 0
 
     async def main():
         plane = LocalDataPlane()
@@ -140,8 +135,8 @@ def test_rollout_log_probs_as_pi_old_need_no_actor_fwd(cfg):
 
     asyncio.run(main())
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0})
-    res = cfg.resources.model_copy(update={"mode": "colocate"})
-    actor = ActorRole(cfg.model_copy(update={"algorithm": algo, "resources": res}), plane=LocalDataPlane())
+    res = cfg.schedule.model_copy(update={"mode": "colocate"})
+    actor = ActorRole(cfg.model_copy(update={"algorithm": algo, "schedule": res}), plane=LocalDataPlane())
     from relax.data.rows import batch_from_columns
 
     batch = batch_from_columns({k: [r[k] for r in step_rows()] for k in step_rows()[0]})
@@ -172,16 +167,16 @@ def test_actor_takes_the_next_steps_rows_ahead(cfg, with_update):
     The Actor reports holding step 2 (a restarted stage role starts after it); nothing is fetched past the
     last step, and every trained partition is cleared."""
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0, "old_log_probs": "rollout"})
-    res = cfg.resources.model_copy(update={"debug_train_delay_s": 1.0})
+    res = cfg.schedule.model_copy(update={"debug_train_delay_s": 1.0})
     trainer = cfg.trainer.model_copy(update={"num_steps": 2})
-    cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
+    cfg = cfg.model_copy(update={"algorithm": algo, "schedule": res, "trainer": trainer})
 
     async def main():
         plane = LocalDataPlane()
         actor = ActorRole(cfg, plane=plane)
         assert actor.prefetch and not actor.fetch_with_update  # auto: on; the in-process trainer's way
-        off = cfg.resources.model_copy(update={"fetch_ahead": False})
-        assert not ActorRole(cfg.model_copy(update={"resources": off}), plane=plane).prefetch
+        off = cfg.schedule.model_copy(update={"fetch_ahead": False})
+        assert not ActorRole(cfg.model_copy(update={"schedule": off}), plane=plane).prefetch
         actor.fetch_with_update = with_update
         await put_step(plane, 1)
         train = asyncio.create_task(actor.train(1))
@@ -206,9 +201,9 @@ def test_overlap_push_publishes_the_weights_the_update_ended_with(cfg):
     """overlap_push: the push of step 1, which runs while step 2 trains, sends the copy of the weights kept
     when step 1's update ended, not the live weights step 2 changes (here: has changed)."""
     algo = cfg.algorithm.model_copy(update={"kl_coef": 0.0, "old_log_probs": "rollout"})
-    res = cfg.resources.model_copy(update={"fetch_ahead": False})
+    res = cfg.schedule.model_copy(update={"fetch_ahead": False})
     trainer = cfg.trainer.model_copy(update={"num_steps": 2})
-    cfg = cfg.model_copy(update={"algorithm": algo, "resources": res, "trainer": trainer})
+    cfg = cfg.model_copy(update={"algorithm": algo, "schedule": res, "trainer": trainer})
 
     async def main():
         plane = LocalDataPlane()

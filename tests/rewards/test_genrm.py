@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from relax.config import load_config
-from relax.orchestration.registry import roles_for_mode
+from relax.orchestration.registry import roles_for
 from relax.rewards import GenRMConfig, RewardConfig, build_scorer
 from relax.rewards.genrm import DEFAULT_JUDGE_TEMPLATE, parse_verdict, question_text, render_judge_prompt
 from relax.rewards.scorer import RewardScorer
@@ -87,8 +87,8 @@ def test_genrm_role_is_deployed_only_when_configured(tiny_model_dir, arith_file)
     base = [f"model.path={tiny_model_dir}", f"data.train_files=[{arith_file}]"]
     plain = load_config(None, base)
     judged = load_config(None, [*base, "reward.name=genrm", f"reward.genrm.model_path={tiny_model_dir}"])
-    assert [r.name for r in roles_for_mode("colocate", plain)] == ["rollout", "actor"]
-    roles = roles_for_mode("colocate", judged)
+    assert [r.name for r in roles_for(plain)] == ["rollout", "actor"]
+    roles = roles_for(judged)
     assert [r.name for r in roles] == ["rollout", "actor", "genrm"] and roles[-1].cls is GenRMRole
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import ray
 
+from relax.utils.placement import bundle_options
+
 logger = logging.getLogger(__name__)
 
 
@@ -65,8 +67,6 @@ class EngineGroup:
     def launch(self, i: int) -> Any:
         """A new actor for engine slot `i`, with the group's CPU/GPU share and GPU bundle (a replacement
         sits where the engine it replaces sat)."""
-        from relax.orchestration.gpus import bundle_options
-
         placement = bundle_options(self.gpu_group if self.num_gpus else None, i)
         return EngineActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus, **placement).remote(
             self.model_path, self.engine_kwargs, self.cpus

@@ -26,42 +26,9 @@ from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch
 from relax.utils.cpu_affinity import with_cpu_affinity
 from relax.utils.gc_freeze import with_frozen_startup
+from relax.utils.placement import bundle_options, wait_for_placement
 
 logger = logging.getLogger(__name__)
-
-PLACEMENT_WARN_S = 30.0  # a placement group still pending this long is reported, again at each interval
-PLACEMENT_TIMEOUT_S = 300.0
-
-
-def wait_for_placement(pg: Any, what: str) -> None:
-    """Wait until the placement group `pg` is placed. While it is not, say every `PLACEMENT_WARN_S` what
-    it waits for and what the cluster has free (the roles of a mode, its engines and the training ranks
-    may ask for more than the cluster has); after `PLACEMENT_TIMEOUT_S`, remove it and raise with the keys
-    that change the demand or the supply. An autoscaling cluster may still add nodes in the meantime."""
-    import ray
-    from ray.exceptions import GetTimeoutError
-    from ray.util.placement_group import remove_placement_group
-
-    waited = 0.0
-    while True:
-        try:
-            ray.get(pg.ready(), timeout=PLACEMENT_WARN_S)
-            return
-        except GetTimeoutError:
-            waited += PLACEMENT_WARN_S
-        free, total = ray.available_resources(), ray.cluster_resources()
-        have = ", ".join(
-            f"{k} {free.get(k, 0):g} of {total.get(k, 0):g}" for k in ("CPU", "GPU") if k in total
-        )
-        msg = (
-            f"{what} not placed after {waited:.0f} s; free now: {have or 'nothing'}. The other roles, engines "
-            "and reward workers hold the rest: raise resources.num_cpus (a Ray that Relax starts) or the "
-            "cluster's size, or lower trainer.num_ranks / trainer.cpus_per_rank"
-        )
-        if waited >= PLACEMENT_TIMEOUT_S:
-            remove_placement_group(pg)
-            raise RuntimeError(msg)
-        logger.warning(msg)
 
 
 def balance_by_tokens(lengths: list[int], num_ranks: int) -> list[list[int]]:
@@ -121,8 +88,6 @@ class TrainerGroup:
         n = cfg.num_ranks
         gpus = gpus_per_rank if gpus_per_rank is not None else (1 if _wants_gpu(cfg, n) else 0)
         if gpu_group and gpus:  # colocate: rank r shares bundle r (one GPU) with engine r
-            from relax.orchestration.gpus import bundle_options
-
             self.pg = None
             placement = [bundle_options(gpu_group, r) for r in range(n)]
         else:

@@ -161,14 +161,14 @@ def test_ranks_that_do_not_fit_say_so_and_fail(ray_cluster, monkeypatch, caplog)
     import ray
     from ray.util.placement_group import placement_group, placement_group_table
 
-    import relax.backends.training.rank_group as ag
+    import relax.utils.placement as placement
 
-    monkeypatch.setattr(ag, "PLACEMENT_WARN_S", 0.3)
-    monkeypatch.setattr(ag, "PLACEMENT_TIMEOUT_S", 0.9)
+    monkeypatch.setattr(placement, "PLACEMENT_WARN_S", 0.3)
+    monkeypatch.setattr(placement, "PLACEMENT_TIMEOUT_S", 0.9)
     pg = placement_group([{"CPU": 1000}], strategy="PACK")
-    with caplog.at_level("WARNING", logger="relax.backends.training.rank_group"):
+    with caplog.at_level("WARNING", logger="relax.utils.placement"):
         with pytest.raises(RuntimeError, match=r"2 training rank\(s\).*free now: CPU .*resources.num_cpus"):
-            ag.wait_for_placement(pg, "2 training rank(s) of {'CPU': 1000}")
+            placement.wait_for_placement(pg, "2 training rank(s) of {'CPU': 1000}")
     assert sum("not placed after" in r.getMessage() for r in caplog.records) >= 2
     assert placement_group_table(pg)["state"] == "REMOVED"
     assert ray.is_initialized()

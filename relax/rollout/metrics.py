@@ -1,11 +1,12 @@
-"""`agent/*` metrics of a step's multi-turn or external-agent episodes."""
+"""A step's rollout metrics: rewards, lengths, staleness, and the `agent/*` metrics of multi-turn or
+external-agent episodes."""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
 
-from relax.data.sample import Sample
+from relax.data.sample import Sample, SampleStatus
 
 
 def agent_metrics(samples: list[Sample]) -> dict[str, float]:
@@ -31,3 +32,21 @@ def agent_metrics(samples: list[Sample]) -> dict[str, float]:
     for reason, count in Counter(s.termination for s in episodes).items():
         metrics[f"agent/termination/{reason}"] = count / len(episodes)
     return metrics
+
+
+def rollout_metrics(samples: list[Sample], step: int) -> dict[str, float]:
+    rewards = [float(s.reward or 0.0) for s in samples]
+    lengths = [s.response_length for s in samples]
+    versions = [s.weight_version for s in samples if s.weight_version >= 0] or [step - 1]
+    return {
+        "rollout/reward_mean": statistics.fmean(rewards),
+        "rollout/reward_std": statistics.pstdev(rewards),
+        "rollout/response_len_mean": statistics.fmean(lengths),
+        "rollout/prompt_len_mean": statistics.fmean(len(s.prompt_ids) for s in samples),
+        "rollout/response_len_max": float(max(lengths)),
+        "rollout/truncated_frac": statistics.fmean(s.status == SampleStatus.TRUNCATED for s in samples),
+        "rollout/num_samples": float(len(samples)),
+        # staleness: how many updates the trainer is ahead of the weights that generated a sample
+        "rollout/staleness_max": float(max(step - 1 - v for v in versions)),
+        **agent_metrics(samples),
+    }

@@ -1,0 +1,65 @@
+"""The `data` section of the config (prompt files, row keys, media processing), owned by the data layer
+that reads it; `relax.config.schema` nests it under `RelaxConfig`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MediaConfig(Section):
+    """Multimodal rows: where their media are listed and how the model's processor turns them into tensors."""
+
+    image_key: str = Field("images", description="Row field listing the images of the <image> placeholders.")
+    video_key: str = Field("videos", description="Row field listing the videos of the <video> placeholders.")
+    audio_key: str = Field(
+        "audios", description="Row field listing the audio clips of the <audio> placeholders."
+    )
+    processor: Literal["direct", "full", "auto"] = Field(
+        "direct",
+        description="`direct`: the image processor and feature extractor, placeholders expanded by Relax (no "
+        "torchvision needed); `full`: the model's processor class; `auto`: full if it loads, else direct.",
+    )
+    workers: int = Field(
+        2,
+        ge=0,
+        description="Worker processes that load and process media (0 = a thread of the rollout role).",
+    )
+    image_min_pixels: int | None = Field(
+        None, gt=0, description="Resize floor in pixels (None = the model's)."
+    )
+    image_max_pixels: int | None = Field(None, gt=0, description="Resize cap in pixels (None = the model's).")
+    video_fps: float = Field(2.0, gt=0, description="Frames per second sampled from a video.")
+    video_max_frames: int = Field(16, gt=0, description="Cap on sampled frames per video (evenly spread).")
+    video_max_tokens: int = Field(
+        256,
+        gt=0,
+        description="Token budget per video; frames are shrunk to fit it (at least 1 token/frame pair).",
+    )
+    audio_max_seconds: float = Field(30.0, gt=0, le=30.0, description="Longer audio clips are an error.")
+    cache_rows: int = Field(256, ge=0, description="Processed rows kept in memory for reuse (LRU).")
+
+    def keys(self) -> dict[str, str]:
+        """Media kind -> row field."""
+        return {"image": self.image_key, "video": self.video_key, "audio": self.audio_key}
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(..., min_length=1, description="Prompt files (.jsonl or .parquet).")
+    prompt_key: str = Field("prompt", description="Row field holding a plain-text prompt.")
+    messages_key: str = Field("messages", description="Row field holding chat messages.")
+    label_key: str = Field("label", description="Row field holding the reference answer.")
+    metadata_key: str = Field("metadata", description="Row field holding free-form metadata.")
+    apply_chat_template: bool = Field(True, description="Wrap prompts in the tokenizer's chat template.")
+    system_prompt: str | None = Field(None, description="System message prepended when templating.")
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by run.seed).")
+    max_prompt_len: int = Field(1024, gt=0, description="Prompts longer than this (tokens) are an error.")
+    media: MediaConfig = Field(default_factory=MediaConfig, description="Images, videos and audio of rows.")
