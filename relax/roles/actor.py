@@ -302,6 +302,7 @@ def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | Trai
         "dtype": cfg.model.dtype,
         "total_steps": cfg.trainer.num_steps,
         "with_reference": with_reference,
+        "reference_path": cfg.model.reference_path,
         "seed": cfg.run.seed,
     }
     if cfg.trainer.uses_group:

@@ -58,7 +58,10 @@ class ActorFwdRole(PlaneClient):
         # predecessor took but never finished (recomputed values are the same)
         self.task = f"{task}-{uuid.uuid4().hex[:8]}"
         self.device = resolve_device(cfg.trainer.device)
-        self.model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=DTYPES[cfg.model.dtype])
+        self.model = AutoModelForCausalLM.from_pretrained(
+            (cfg.model.reference_path or cfg.model.path) if reference else cfg.model.path,
+            dtype=DTYPES[cfg.model.dtype],
+        )
         self.model.to(self.device).eval().requires_grad_(False)
         self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
         self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights

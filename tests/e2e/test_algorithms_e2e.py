@@ -25,7 +25,16 @@ WINDOW = 6
 MARGIN = 0.03  # measured: every algorithm below gains 0.08-0.25 over these 30 steps
 
 LEARNERS = ["ppo", "gspo"]
-SMOKE = ["cispo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "sapo", "m2po", "dr_grpo"]
+SMOKE = [
+    "cispo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "sapo",
+    "m2po",
+    "dr_grpo",
+    "on_policy_distillation",
+]
 SMOKE_STEPS = 3
 
 
@@ -43,6 +52,8 @@ def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path) -> list[di
             "ops.checkpoint_interval=0",
             "ops.progress=false",
             "eval.sets=[]",
+            # the teacher: the tiny model's own folder (a smoke run; any model folder of the same vocabulary)
+            *([f"model.reference_path={tiny_model_dir}"] if name == "on_policy_distillation" else []),
         ],
     )
     assert Controller(cfg).run() == steps

@@ -88,12 +88,14 @@ class FSDPWorker:
         dtype: str = "float32",
         total_steps: int = 1,
         with_reference: bool = False,
+        reference_path: str | None = None,
         seed: int = 0,
         critic: bool = False,
         reshard_after_forward: bool = True,
     ) -> None:
         self.model_path, self.cfg, self.rank, self.world_size = model_path, cfg, rank, world_size
         self.dtype, self.total_steps, self.with_reference = dtype, total_steps, with_reference
+        self.reference_path = reference_path  # the reference/teacher folder; None = the policy's own
         self.seed, self.critic = seed, critic
         # False keeps each layer's gathered (bf16) weights from forward to backward: no second gather,
         # at the memory of one unsharded model copy (what one rank holds anyway, in fp32)
@@ -130,8 +132,9 @@ class FSDPWorker:
         self.mp_dtype = torch.bfloat16 if mixed else None
         self.model = self._build(trainable=True)
         self.ref_model = None
-        if self.with_reference and cfg.lora is None:  # with LoRA the reference is the adapter-free model
-            self.ref_model = self._build(trainable=False)
+        # with LoRA and no other reference model, the reference is the adapter-free policy
+        if self.with_reference and (cfg.lora is None or self.reference_path is not None):
+            self.ref_model = self._build(trainable=False, path=self.reference_path)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params,
@@ -144,13 +147,13 @@ class FSDPWorker:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, steps))
         logger.info("FSDP rank %d/%d ready on %s", self.rank, self.world_size, self.device)
 
-    def _build(self, trainable: bool) -> nn.Module:
+    def _build(self, trainable: bool, path: str | None = None) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from relax.models.multimodal_model import load_causal_lm
 
         master = torch.float32 if self.mp_dtype is not None else DTYPES[self.dtype]
-        model: nn.Module = load_causal_lm(self.model_path, dtype=master)
+        model: nn.Module = load_causal_lm(path or self.model_path, dtype=master)
         no_split = set(getattr(model, "_no_split_modules", None) or [])
         if trainable:
             # `from_pretrained` returns the model in eval mode, and Hugging Face layers checkpoint only in

@@ -74,6 +74,7 @@ class TrainerGroup:
         dtype: str = "float32",
         total_steps: int = 1,
         with_reference: bool = False,
+        reference_path: str | None = None,
         seed: int = 0,
         critic: bool = False,
         gpus_per_rank: float | None = None,
@@ -121,6 +122,7 @@ class TrainerGroup:
                 dtype=dtype,
                 total_steps=total_steps,
                 with_reference=with_reference,
+                reference_path=reference_path,
                 seed=seed,
                 critic=critic,
             )

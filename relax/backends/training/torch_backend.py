@@ -140,8 +140,11 @@ class TorchTrainer:
         dtype: str = "float32",
         total_steps: int = 1,
         with_reference: bool = False,
+        reference_path: str | None = None,
         seed: int = 0,
     ) -> None:
+        """`reference_path`: the frozen reference (or distillation teacher) model folder; None = the
+        policy's own initial weights (`model_path`)."""
         torch.manual_seed(seed)
         torch.set_num_threads(cfg.threads)
         self.cfg = cfg
@@ -152,7 +155,7 @@ class TorchTrainer:
             enable_activation_checkpointing(self.model)
         self.ref_model = None
         if with_reference:
-            self.ref_model = load_causal_lm(model_path, dtype=DTYPES[dtype])
+            self.ref_model = load_causal_lm(reference_path or model_path, dtype=DTYPES[dtype])
             self.ref_model.to(self.device).eval().requires_grad_(False)
         # fused: one pass over all parameters (CPU and CUDA) instead of ~20 small ops per tensor; on the
         # CPU's default single-tensor path that was a tenth of a small model's training step
