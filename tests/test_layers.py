@@ -137,3 +137,14 @@ def test_the_check_names_the_files_of_a_violation(tmp_path):
     edges[("roles", "rollout")] = ["relax/roles/y.py:5 imports relax.rollout.x"]
     assert find_cycle(edges) in (["roles", "rollout", "roles"], ["rollout", "roles", "rollout"])
     assert find_cycle({("a", "b"): ["f"], ("b", "c"): ["g"]}) is None
+
+
+def test_every_package_says_its_job_and_layer():
+    """Each package's `__init__.py` opens with a docstring that says what the package holds and, in a
+    `Layer:` line, what it may import."""
+    for init in sorted(ROOT.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if init.parent == ROOT:
+            assert doc, f"{init} has no docstring"
+            continue
+        assert "Layer:" in doc and len(doc.splitlines()) >= 3, f"{init}: job and `Layer:` line missing"

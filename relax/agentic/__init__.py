@@ -5,4 +5,6 @@ Modules: `tools` (Tool, call_tool), `parser` (tool calls in a turn), `env` (the 
 ToolEnv), `turns` (turns as tokens), `multi_turn` (the episode loop), `session` + `trajectory` (chat
 calls and their reconstruction), `openai_server`, `external` (agent subprocesses), `multi_agent`,
 `rollout` (what the rollout loop dispatches to), `tasks/` (calculator, search).
+
+Layer: agentic (ARCHITECTURE.md). May import rollout and everything below it; not roles or ops.
 """

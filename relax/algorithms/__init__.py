@@ -3,6 +3,8 @@
 The rest of Relax uses only: ``AlgorithmConfig`` (the config section), ``compute_advantages``
 (controller), ``make_policy_loss`` / ``make_value_loss`` (trainer), and the DAPO data-side helpers
 ``filter_groups_dynamic_sampling`` / ``overlong_penalty`` (rollout).
+
+Layer: algorithms (ARCHITECTURE.md). Pure tensor functions: imports nothing else of Relax.
 """
 
 from relax.algorithms.config import AlgorithmConfig

@@ -1,4 +1,7 @@
-"""Model kits: tiny Qwen checkpoints and the in-process tokenizer used by tests and toy runs."""
+"""Model kits: tiny Qwen checkpoints and the in-process tokenizer used by tests and toy runs.
+
+Layer: models (ARCHITECTURE.md), the bottom. Imports nothing else of Relax.
+"""
 
 from relax.models.tiny import (
     TINY_FAMILIES,

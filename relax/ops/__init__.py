@@ -1,1 +1,5 @@
-"""Operations: notifications, heartbeats, engine replacement and step traces (DESIGN.md §6)."""
+"""Operations: heartbeats, engine supervision and replacement, the elastic rollout API and manager,
+notifications, metric sinks and step traces (DESIGN.md section 6).
+
+Layer: ops (ARCHITECTURE.md). May import rollout, backends and everything below them.
+"""

@@ -1,4 +1,7 @@
-"""Reward functions and the scorer that applies them (see ``registry`` for the reward contract)."""
+"""Reward functions and the scorer that applies them (see ``registry`` for the reward contract).
+
+Layer: rewards (ARCHITECTURE.md). May import data and utils only.
+"""
 
 from __future__ import annotations
 
