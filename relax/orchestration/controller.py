@@ -148,8 +148,7 @@ class Controller:
         self.flow = StepFlow(self.cfg.schedule.mode, self.handles, self.health)
         self.flow.redeploy = self._redeploy
         self.flow.overlap = overlaps_push(self.cfg)
-        urls = self.rollout.engine_urls.remote().result()
-        self.actor.connect_engines.remote(urls + self.flow.receivers).result()
+        self.flow.group.reform(self.rollout.engine_urls.remote().result())
 
     def _role(self, name: str, **override) -> service.RoleDeployment:
         spec = self.specs[name]
