@@ -133,11 +133,8 @@ class RolloutLoop:
             if mask_old and out.offpolicy_len:
                 mask[: out.offpolicy_len] = [0] * out.offpolicy_len
             samples.append(
-                Sample(
-                    index=row.index,
-                    prompt=row.prompt,
-                    label=row.label,
-                    metadata=dict(row.metadata),
+                Sample.from_row(
+                    row,
                     prompt_ids=list(prompt_ids),
                     multimodal_inputs=media,
                     group_id=group_id,

@@ -1,4 +1,5 @@
-"""Listening sockets for the HTTP servers Relax starts itself (engine, elastic API)."""
+"""Addresses and sockets of the servers Relax starts itself (engines, receivers, elastic API, weight-sync
+rendezvous): this node's address, a free port, a bound listener."""
 
 from __future__ import annotations
 
@@ -20,3 +21,22 @@ def tcp_listener(host: str, port: int = 0) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on `host` now (another process may take it before it is used)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip() -> str:
+    """This node's address as Ray knows it (the one other nodes reach it on); loopback outside Ray."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray the loopback address is right
+        pass
+    return "127.0.0.1"

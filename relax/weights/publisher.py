@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -23,29 +22,13 @@ import torch
 from torch import Tensor
 
 from relax.engine_api.client import EngineClient
+from relax.utils.net import free_port, node_ip
 from relax.weights import ipc as weight_ipc
 from relax.weights import sync_group as weight_sync
 
 logger = logging.getLogger(__name__)
 
 Named = list[tuple[str, Tensor]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def node_ip() -> str:
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray the loopback address is right
-        pass
-    return "127.0.0.1"
 
 
 def local_uuid() -> str | None:
