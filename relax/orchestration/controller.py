@@ -130,7 +130,7 @@ class Controller:
         ]
         self.specs = {spec.name: spec for spec in specs}
         self.health.known.clear()
-        # The data plane (TransferQueue's controller and storage units: ~15 s of process start-up on a
+        # The data plane (TransferQueue's controller and storage units: seconds of process start-up on a
         # small host) starts while the roles' replicas start; roles connect to it on first use, which
         # is after this method returns.
         with ThreadPoolExecutor(1, thread_name_prefix="data-plane") as pool:

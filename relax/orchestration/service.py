@@ -21,13 +21,12 @@ def set_ray_env_defaults() -> None:
     """Set before Ray starts, so every worker it spawns inherits them."""
     for k, v in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(k, v)
-    # Serve replicas export their cached request metrics every 100 ms by default: ~1.2% of a core per
-    # idle replica on 2 CPU cores, ~0.7% at one second. Relax's own metrics do not come from there.
+    # Serve replicas export their cached request metrics every 100 ms by default, a steady cost per idle
+    # replica on a small host (docs/measurements.md). Relax's own metrics do not come from there.
     os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
-    # Serve's controller runs its control loop every 100 ms by default: ~43 ms of CPU a second on 2 CPU
-    # cores with nothing to do (5-7 ms a fully_async step), ~20 at 0.5 s. The cost: a deploy or a replica
-    # replacement may start up to 0.4 s later (a deploy took 2.2 -> 2.6 s). The test suite, which deploys
-    # hundreds of roles, keeps Serve's 0.1 s (tests/conftest.py).
+    # Serve's controller runs its control loop every 100 ms by default, which costs CPU with nothing to do
+    # (docs/measurements.md). The cost of 0.5 s: a deploy or a replica replacement may start up to 0.4 s
+    # later. The test suite, which deploys hundreds of roles, keeps Serve's 0.1 s (tests/conftest.py).
     os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
     # TransferQueue asks for 8 torch threads per put/get and logs a warning on every call when the host
     # has fewer physical cores; ask for what is there.

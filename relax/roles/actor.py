@@ -114,8 +114,8 @@ class ActorRole(PlaneClient):
         if self.prefetch and not self.fetch_with_update and not last:
             self._next = (step + 1, asyncio.create_task(self._fetch(step + 1)))
         await self._cleared()
-        # Clearing takes a data-plane round trip (6-10 ms on 2 CPU cores): it runs while the driver pushes
-        # the weights, and the next `train` makes sure it ended. The last step's is awaited here.
+        # Clearing takes a data-plane round trip: it runs while the driver pushes the weights, and the
+        # next `train` makes sure it ended. The last step's is awaited here.
         self._clearing = asyncio.create_task(self.plane.clear(partition))
         if last:
             await self._cleared()
@@ -332,7 +332,7 @@ def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
     kept = [(old, rollout, mask) for old, rollout, mask in rows if len(rollout) == len(old) and len(old)]
     if not kept:
         return {}
-    # one tensor op over the batch: per-sample tensors cost ~2 ms a step of 128 samples, on the update's path
+    # one tensor op over the batch: per-sample tensors cost more, on the update's path (docs/measurements.md)
     old = torch.cat([o.reshape(-1) for o, _, _ in kept]).float()
     rollout = torch.tensor([x for _, r, _ in kept for x in r], dtype=torch.float32)
     mask = torch.tensor([bool(m) for _, _, ms in kept for m in ms], dtype=torch.bool)

@@ -96,7 +96,7 @@ class WeightPublisher:
         GPU host sends through gloo (NCCL cannot broadcast its host tensors).
         `flatten`: one NCCL broadcast per bucket (Relax receivers) instead of one per tensor (SGLang).
         gloo keeps one per tensor unless `force_flat`: its per-tensor sends overlap, a single large one
-        does not (1.1 s against 1.9 s for 1 GB between two GPUs through host memory).
+        does not (docs/measurements.md).
         `ipc`: serve receivers on this process's GPU by CUDA IPC."""
         self.bucket_bytes = bucket_bytes
         self.backend = backend

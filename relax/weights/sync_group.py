@@ -280,7 +280,8 @@ def without_tied(named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]
     """Drop each tensor that is a view of the same memory as one kept before it: the LM head of a
     tied-embedding model (`lm_head.weight` is `embed_tokens.weight`). Receivers tie them the same way
     (the transformers model class at load; SGLang skips `lm_head.weight` under `tie_word_embeddings`),
-    so the embedding alone updates both; sending the head again cost 22% of a Qwen2.5-0.5B push."""
+    so the embedding alone updates both; sending the head again is a sizeable share of a small model's
+    push (docs/measurements.md)."""
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     out = []
     for name, t in named:
