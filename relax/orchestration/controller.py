@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from relax.config import RelaxConfig, dump_config
-from relax.config.modes import overlaps_push
+from relax.config.modes import overlaps_push, resolve_auto
 from relax.dataplane.plane import DataPlane, create_data_plane
 from relax.ops.heartbeat import close_board
 from relax.ops.notify import Notifier
@@ -66,11 +66,14 @@ class Controller:
                 f"{self.run_dir} already holds checkpoints; pass --resume to continue that run, "
                 "or choose another run.name / run.output_dir"
             )
+        r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
+        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
+        # what is decided automatically is decided before config.yaml records what runs
+        gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
+        resolve_auto(self.cfg)
         dump_config(self.cfg, self.run_dir / "config.yaml")
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
         notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.schedule.mode)
-        r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
-        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
         self.health = HealthManager(self.cfg, notifier)
         old_handlers = self._install_signal_handlers()
         try:
