@@ -265,11 +265,13 @@ class TrainerConfig(Section):
     compile_layers: bool = Field(
         False, description="fsdp: torch.compile each decoder layer's forward (GPU; fuses the small ops)."
     )
-    weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field(
+    weight_sync_backend: Literal["auto", "nccl", "gloo", "disk"] = Field(
         "auto",
-        description="Collective backend of trainer -> engine weight sync: `auto` = NCCL when the trainer and "
-        "engines hold GPUs (receivers on a training rank's own GPU get CUDA IPC instead), gloo (through host "
-        "memory) on CPU, or when SGLang engines share the trainer's GPUs.",
+        description="How the trainer's weights reach the engines: `auto` = a broadcast group over NCCL when "
+        "the trainer and engines hold GPUs (receivers on a training rank's own GPU get CUDA IPC instead), "
+        "gloo (through host memory) on CPU or when SGLang engines share the trainer's GPUs; `disk` = "
+        "safetensors files under `<run_dir>/weights` that the engines load, for engines that cannot join a "
+        "process group (they must see the run folder).",
     )
     weight_sync_ipc: bool = Field(
         True,
@@ -573,6 +575,11 @@ class RelaxConfig(Section):
             raise ValueError(
                 "schedule.overlap_push=true needs the in-process trainer: the fsdp ranks publish their live "
                 "shards, which the next update would change mid-push; leave schedule.overlap_push unset"
+            )
+        if self.trainer.weight_sync_backend == "disk" and self.trainer.lora is not None:
+            raise ValueError(
+                "trainer.weight_sync_backend=disk writes full weights; LoRA runs publish adapters or merged "
+                "modules through the broadcast group: leave trainer.weight_sync_backend=auto"
             )
         if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(

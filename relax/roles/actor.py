@@ -35,7 +35,7 @@ from relax.dataplane.samplers import balance_partitions
 from relax.roles.advantages import batch_advantages
 from relax.rollout.staleness import staleness_metrics
 from relax.utils.timer import timer
-from relax.weights.publisher import WeightPublisher
+from relax.weights.sender import build_sender
 from relax.weights.sync_group import without_tied
 
 logger = logging.getLogger(__name__)
@@ -70,13 +70,16 @@ class ActorRole(PlaneClient):
             )
             self.value_loss_fn = make_value_loss(cfg.algorithm)
         t = cfg.trainer
-        self.publisher = WeightPublisher(
-            t.publish_bucket_mb << 20,
-            backend=t.weight_sync_backend,
+        self.publisher = build_sender(
+            t.weight_sync_backend,
+            bucket_bytes=t.publish_bucket_mb << 20,
             flatten=t.weight_sync_flatten is not False,
             ipc=t.weight_sync_ipc,
             device=getattr(self.trainer, "device", None),  # a CPU trainer on a GPU host sends by gloo
+            disk_root=cfg.run.run_dir / "weights",
         )
+        # the rank group publishes from its ranks, except through files, which the Actor writes
+        self.ranks_publish = isinstance(self.trainer, TrainerGroup) and t.weight_sync_backend != "disk"
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
         # Streaming modes fetch step k+1's rows ahead (relax/config/modes.py). When the update runs in
@@ -230,7 +233,7 @@ class ActorRole(PlaneClient):
 
     # -- weights -----------------------------------------------------------------------------
     async def connect_engines(self, urls: list[str]) -> None:
-        if isinstance(self.trainer, TrainerGroup):  # rank 0 of the group joins the engines' group
+        if self.ranks_publish:  # rank 0 of the group joins the engines' group
             await asyncio.to_thread(self.trainer.connect_engines, urls)
         else:
             await self.publisher.connect(urls)
@@ -250,7 +253,7 @@ class ActorRole(PlaneClient):
         current weights."""
         kept = self._kept.get(version) if version is not None else None
         version = version if kept is not None else self.trainer.step
-        if isinstance(self.trainer, TrainerGroup):
+        if self.ranks_publish:
             mode = _sync_mode(self.cfg)
             self.sync_stats = await asyncio.to_thread(
                 self.trainer.publish, version, mode, self.cfg.model.dtype
