@@ -1,7 +1,7 @@
 """The GenRM role: an LLM-as-judge reward service with its own inference engines.
 
 Deployed as its own Serve application ``genrm`` when ``reward.genrm`` is set
-(``relax.orchestration.registry.roles_for_mode``); the ``genrm`` reward (``relax/rewards/genrm.py``)
+(``relax.orchestration.registry.roles_for``); the ``genrm`` reward (``relax/rewards/genrm.py``)
 calls ``judge`` by handle from the Rollout replica or a reward-pool worker.
 
 Per request: render the judge prompt of every item from ``GenRMConfig.prompt_template``, wrap it in the
