@@ -342,6 +342,35 @@ class ScheduleConfig(Section):
     )
 
 
+PLACEMENT_KEYS = (
+    "rollout",
+    "actor",
+    "actor_fwd",
+    "reference",
+    "advantages",
+    "genrm",
+    "metrics",
+    "engines",
+    "ranks",
+)
+
+
+class PlacementConfig(Section):
+    """Where one role (or the embedded engines, or the training ranks) may run on a heterogeneous
+    cluster, in Ray's own terms (docs/cluster.md)."""
+
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each replica/actor asks for (nodes started with "
+        "`ray start --resources '{\"h200\": 8}'`), e.g. {h200: 1}.",
+    )
+    label_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the replica/actor needs (nodes started with `ray start --labels "
+        "tier=cpu`), e.g. {tier: cpu}; Ray's label selector syntax (`!value`, `in(a,b)`) works.",
+    )
+
+
 class ResourcesConfig(Section):
     """Where the roles run: GPUs and CPUs per role, the Ray cluster. How they take turns is `schedule`."""
 
@@ -377,8 +406,31 @@ class ResourcesConfig(Section):
     num_gpus: int | None = Field(
         None, ge=0, description="GPUs declared to a locally started Ray (None = every visible GPU)."
     )
-    ray_address: str | None = Field(None, description="Existing Ray cluster to join (None = start one).")
+    placement: dict[str, PlacementConfig] = Field(
+        default_factory=dict,
+        description=f"Where roles and actor groups go, by name ({', '.join(PLACEMENT_KEYS)}): custom "
+        "resources and node labels; unnamed ones go anywhere (docs/cluster.md, examples/cluster.yaml).",
+    )
+    bind: Literal["auto", "loopback", "node"] = Field(
+        "auto",
+        description="Where the servers Relax starts (engines, weight receivers, elastic API, agent endpoint, "
+        "doorbell, weight-sync rendezvous) listen and what they advertise: `loopback` = 127.0.0.1, `node` = "
+        "the address of the node they run on (Ray's node IP; never all interfaces); `auto` = loopback when "
+        "the cluster has one node at start, else node. Set `node` for a cluster that grows during the run.",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Existing Ray cluster to join (`auto`, `HOST:6379`, `ray://...`); None = the cluster in "
+        "RAY_ADDRESS (set by `ray job submit`), else start a local one on 127.0.0.1 (docs/cluster.md).",
+    )
     object_store_mb: int = Field(1024, gt=0, description="Object store size of a locally started Ray.")
+
+    @field_validator("placement")
+    @classmethod
+    def _placement_keys(cls, value: dict[str, PlacementConfig]) -> dict[str, PlacementConfig]:
+        if unknown := sorted(set(value) - set(PLACEMENT_KEYS)):
+            raise ValueError(f"unknown placement key(s) {unknown}; valid keys: {', '.join(PLACEMENT_KEYS)}")
+        return value
 
     @field_validator("rollout_cpus", "training_cpus", mode="before")
     @classmethod

@@ -310,12 +310,13 @@ class PlaneClient:
         self._plane = plane
 
 
-def create_data_plane(kind: str) -> DataPlane:
-    """Called once by the Controller before the roles start: the shared plane of kind `kind`."""
+def create_data_plane(kind: str, host: str | None = None) -> DataPlane:
+    """Called once by the Controller before the roles start: the shared plane of kind `kind`; servers it
+    starts in this process (TransferQueue's doorbell hub) listen on `host` (default: Ray's node IP)."""
     if kind == "transferqueue":
         from relax.dataplane.transferqueue import TransferQueueDataPlane
 
-        return TransferQueueDataPlane.create()
+        return TransferQueueDataPlane.create(host=host)
     if kind == "ray":
         return RayDataPlane.create()
     raise ValueError(f"unknown schedule.data_plane {kind!r}; valid: ray, transferqueue")

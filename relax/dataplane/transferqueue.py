@@ -194,13 +194,13 @@ class TransferQueueDataPlane:
         return await getattr(client, f"async_{name}")(*args, **kwargs)
 
     @classmethod
-    def create(cls, num_storage_units: int = 1) -> TransferQueueDataPlane:
+    def create(cls, num_storage_units: int = 1, host: str | None = None) -> TransferQueueDataPlane:
         """Start TQ's controller and storage units (once per run) and install `RelaxTQSampler`."""
         import ray
         import transfer_queue as tq
         from omegaconf import OmegaConf
 
-        hub = doorbell.DoorbellHub(ray.util.get_node_ip_address())
+        hub = doorbell.DoorbellHub(host or ray.util.get_node_ip_address())
         conf = OmegaConf.create(
             {
                 "controller": {"polling_mode": True},

@@ -34,6 +34,7 @@ from relax.dataplane.plane import DataPlane, PlaneClient
 from relax.dataplane.samplers import balance_partitions
 from relax.roles.advantages import batch_advantages
 from relax.rollout.staleness import staleness_metrics
+from relax.utils.net import bind_address
 from relax.utils.timer import timer
 from relax.weights.sender import build_sender
 from relax.weights.sync_group import without_tied
@@ -77,6 +78,7 @@ class ActorRole(PlaneClient):
             ipc=t.weight_sync_ipc,
             device=getattr(self.trainer, "device", None),  # a CPU trainer on a GPU host sends by gloo
             disk_root=cfg.run.run_dir / "weights",
+            host=bind_address(cfg.resources.bind),
         )
         # the rank group publishes from its ranks, except through files, which the Actor writes
         self.ranks_publish = isinstance(self.trainer, TrainerGroup) and t.weight_sync_backend != "disk"

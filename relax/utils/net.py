@@ -40,3 +40,24 @@ def node_ip() -> str:
     except Exception:  # noqa: BLE001 - outside Ray the loopback address is right
         pass
     return "127.0.0.1"
+
+
+def resolve_bind(bind: str = "auto") -> str:
+    """`resources.bind` as `loopback` or `node`: `auto` is `node` when this process's Ray cluster has more
+    than one live node, else `loopback` (also outside Ray)."""
+    if bind != "auto":
+        return bind
+    try:
+        import ray
+
+        if ray.is_initialized() and sum(1 for n in ray.nodes() if n.get("Alive")) > 1:
+            return "node"
+    except Exception:  # noqa: BLE001 - no cluster to ask: one machine
+        pass
+    return "loopback"
+
+
+def bind_address(bind: str = "auto") -> str:
+    """The address a server Relax starts listens on and advertises (`resources.bind`): 127.0.0.1, or
+    this node's address (Ray's node IP) on a cluster of several nodes. Never all interfaces."""
+    return "127.0.0.1" if resolve_bind(bind) == "loopback" else node_ip()

@@ -36,12 +36,14 @@ def build_sender(
     ipc: bool,
     device: torch.device | None,
     disk_root: str | Path,
+    host: str | None = None,
 ) -> WeightSender:
-    """`backend`: `disk` for files under `disk_root`; else the broadcast group (`auto`, `nccl`, `gloo`)."""
+    """`backend`: `disk` for files under `disk_root`; else the broadcast group (`auto`, `nccl`, `gloo`)
+    with its rendezvous on `host`."""
     if backend == "disk":
         from relax.weights.disk import DiskPublisher
 
         return DiskPublisher(disk_root)
     from relax.weights.publisher import WeightPublisher
 
-    return WeightPublisher(bucket_bytes, backend=backend, flatten=flatten, ipc=ipc, device=device)
+    return WeightPublisher(bucket_bytes, backend=backend, flatten=flatten, ipc=ipc, device=device, host=host)
