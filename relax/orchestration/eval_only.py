@@ -9,7 +9,9 @@ import logging
 from pathlib import Path
 
 from relax.config import RelaxConfig
-from relax.orchestration import service
+from relax.config.paths import resolve_paths
+from relax.orchestration import preflight, service
+from relax.utils.placement import ray_placement
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,9 @@ def resolve_checkpoint(cfg: RelaxConfig, checkpoint: str | None) -> int:
 def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
     if not cfg.eval.sets:
         raise ValueError("relax eval needs at least one eval set: add eval.sets to the config")
+    resolve_paths(cfg)
     step = resolve_checkpoint(cfg, checkpoint)
+    preflight.check_local(cfg)
     out_dir = cfg.run.run_dir / "eval_only"
     out_dir.mkdir(parents=True, exist_ok=True)
     from relax.roles.rollout import RolloutRole
@@ -52,7 +56,8 @@ def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
         if cfg.resources.engine_gpus is None:  # no trainer here: each engine takes a whole GPU
             cfg.resources.engine_gpus = 1.0 if cluster_gpus() and cfg.trainer.device != "cpu" else 0.0
         service.start_serve()
-        rollout = service.deploy_role("rollout", RolloutRole, cfg)
+        preflight.check_nodes(cfg)
+        rollout = service.deploy_role("rollout", RolloutRole, cfg, placement=ray_placement(cfg, "rollout"))
         try:
             metrics = rollout.evaluate.remote(step, str(out_dir)).result()
         finally:

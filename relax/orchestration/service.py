@@ -190,7 +190,14 @@ def deploy_roles(
             if status == "RUNNING":
                 pending.discard(name)
             elif status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise RoleStartError(name, f"Serve reports {status}: {app.message}")
+                # the constructor's own report says more than Serve's status; it may lag the status a little
+                failure = _await_report(name, start_failure)
+                if failure is not None:
+                    raise RoleStartError(name, failure["error"], failure["node"])
+                details = "; ".join(
+                    f"{d}: {getattr(st, 'message', '')}" for d, st in getattr(app, "deployments", {}).items()
+                )
+                raise RoleStartError(name, f"Serve reports {status}: {app.message} {details}".strip())
         if not pending:
             break
         if should_stop():
@@ -205,6 +212,13 @@ def deploy_roles(
         time.sleep(DEPLOY_POLL_S)
     logger.info("roles %s are up", ", ".join(names))
     return dict(zip(names, handles, strict=True))
+
+
+def _await_report(name: str, start_failure: Callable[[str], Any], wait_s: float = 3.0) -> Any:
+    deadline = time.monotonic() + wait_s
+    while (failure := start_failure(name)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return failure
 
 
 def delete_role(name: str) -> None:

@@ -35,6 +35,7 @@ from relax.dataplane.samplers import balance_partitions
 from relax.roles.advantages import batch_advantages
 from relax.rollout.staleness import staleness_metrics
 from relax.utils.net import bind_address
+from relax.utils.placement import ray_placement
 from relax.utils.timer import timer
 from relax.weights.sender import build_sender
 from relax.weights.sync_group import without_tied
@@ -317,6 +318,7 @@ def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | Trai
             gpus_per_rank=cfg.resources.trainer_gpus,
             gpu_group=cfg.resources.gpu_group,
             cpus=cfg.resources.training_cpus,
+            placement=ray_placement(cfg, "ranks"),
             **kwargs,
         )
     return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)

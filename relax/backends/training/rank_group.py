@@ -80,7 +80,10 @@ class TrainerGroup:
         gpus_per_rank: float | None = None,
         gpu_group: str | None = None,
         cpus: str | None = None,
+        placement: dict[str, Any] | None = None,
     ) -> None:
+        """`placement`: Ray `resources` (added to each rank's bundle) and `label_selector` (the nodes the
+        bundles may go to) from `resources.placement.ranks`; a colocate GPU group already places them."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -92,8 +95,16 @@ class TrainerGroup:
             self.pg = None
             placement = [bundle_options(gpu_group, r) for r in range(n)]
         else:
-            bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
-            self.pg = placement_group([bundle] * n, strategy="PACK")
+            placement_opts = placement or {}
+            bundle = {
+                "CPU": cfg.cpus_per_rank,
+                **({"GPU": gpus} if gpus else {}),
+                **placement_opts.get("resources", {}),
+            }
+            labels = placement_opts.get("label_selector")
+            self.pg = placement_group(
+                [bundle] * n, strategy="PACK", bundle_label_selector=[labels] * n if labels else None
+            )
             wait_for_placement(self.pg, f"{n} training rank(s) of {bundle}")
             placement = [
                 {
