@@ -24,7 +24,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"relax export: {e}", file=sys.stderr)
         return 2
     try:
-        out = export_checkpoint(args.checkpoint, cfg, args.out, adapter_only=args.adapter_only)
+        out = export_checkpoint(
+            args.checkpoint, cfg, args.out, adapter_only=args.adapter_only, progress=cfg.ops.progress
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"relax export: {e}", file=sys.stderr)
         return 2
