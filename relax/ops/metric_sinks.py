@@ -51,7 +51,7 @@ class JsonlSink:
             logger.info("moved %d metrics lines after step %d to metrics.superseded.jsonl", len(redo), step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, "time": round(time.time(), 3)}
+        row = {"step": step, "time": time.time()}
         for k, v in metrics.items():
             row[k] = None if isinstance(v, float) and not math.isfinite(v) else v
         self._fh.write(json.dumps(row) + "\n")
