@@ -132,10 +132,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from relax import __version__
+    import relax
 
     p = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous RL post-training for LLMs.")
-    p.add_argument("--version", action="version", version=f"relax {__version__}")
+    p.add_argument("--version", action="version", version=f"relax {relax.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train with a config file and dotted overrides")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 
-from relax import __version__
+import relax
 
 # (distribution, what it does, how it is installed). "relax[X]" names an extra of pyproject.toml (a test
 # checks that every one named here exists); the rest are plain dependencies or installed by hand.
@@ -36,7 +36,7 @@ def _version(name: str) -> str | None:
 def run_doctor(check_ray: bool = True) -> int:
     import torch
 
-    print(f"relax       {__version__}")
+    print(f"relax       {relax.__version__}")
     print(f"python      {platform.python_version()} on {platform.platform()}")
     for name, role, how in PACKAGES:
         v = _version(name)
