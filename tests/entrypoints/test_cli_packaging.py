@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 import relax
 from relax.config import load_config
@@ -18,6 +17,7 @@ from relax.entrypoints.cli import main
 from relax.entrypoints.doctor import PACKAGES, run_doctor
 from relax.entrypoints.examples_cmd import examples_dir, list_examples
 
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 

@@ -94,6 +94,8 @@ def test_wheel_in_a_fresh_venv_runs_the_cli_and_trains(installed, tmp_path):
     assert where.strip().startswith(str(venv)), where  # the installed copy, not the checkout
 
     assert _run([str(bin_ / "relax"), "--version"], work, env).stdout.strip() == f"relax {relax.__version__}"
+    same = "import importlib.metadata as m, relax; assert m.version('relax') == relax.__version__"
+    _run([str(bin_ / "python"), "-c", same], work, env)  # the wheel's metadata has the one version
     assert "examples" in _run([str(bin_ / "python"), "-m", "relax", "--help"], work, env).stdout
     assert "quickstart" in _run([str(bin_ / "relax"), "examples", "list"], work, env).stdout
     _run([str(bin_ / "relax"), "examples", "copy", "quickstart", "."], work, env)
