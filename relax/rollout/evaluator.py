@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 
 class EvalProgress:
-    """Prompts done out of all prompts of every set, written to `path` at most every `interval_s` and
-    at each set's end (written to a temporary file and renamed, so a reader never sees half a file)."""
+    """Prompts done out of all prompts of every set, written to `path` when a set starts, when the last
+    prompt is done, and in between at most every `interval_s` (to a temporary file that is renamed, so a
+    reader never sees half a file)."""
 
     def __init__(self, path: Path, total: int, interval_s: float = 0.5) -> None:
         self.path, self.total, self.interval_s = path, total, interval_s
