@@ -14,17 +14,24 @@ logger = logging.getLogger("relax")
 
 def cmd_train(args: argparse.Namespace) -> int:
     from relax.config import ConfigError, load_config
-    from relax.orchestration.service import set_ray_env_defaults
 
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 2
-    set_ray_env_defaults()
     from relax.orchestration.controller import Controller
+    from relax.orchestration.preflight import PreflightError
+    from relax.orchestration.service import RoleStartError, RunStopped
 
-    step = Controller(cfg, resume=args.resume).run()
+    try:
+        step = Controller(cfg, resume=args.resume).run()
+    except (PreflightError, RoleStartError, FileExistsError) as e:
+        print(f"relax train: {e}", file=sys.stderr)
+        return 1
+    except RunStopped as e:
+        print(f"relax train: {e}", file=sys.stderr)
+        return 130
     logger.info("done at step %d; run folder: %s", step, cfg.run.run_dir)
     return 0
 

@@ -16,6 +16,8 @@ from typing import Any
 from relax.config import RelaxConfig
 from relax.ops.engine_recovery import EngineSupervisor
 from relax.rollout.router import Router
+from relax.utils.net import bind_address
+from relax.utils.placement import ray_placement
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,8 @@ class EngineFleet:
                 num_gpus=cfg.resources.engine_gpus or 0.0,
                 gpu_group=cfg.resources.gpu_group,
                 cpus=cfg.resources.rollout_cpus,
+                bind=cfg.resources.bind,
+                placement=ray_placement(cfg, "engines"),
             )
             urls = self.group.urls
         self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
@@ -84,6 +88,8 @@ class EngineFleet:
                     engine_kwargs(self.cfg),
                     num_gpus=self.cfg.resources.engine_gpus or 0.0,
                     cpus=self.cfg.resources.rollout_cpus,
+                    bind=self.cfg.resources.bind,
+                    placement=ray_placement(self.cfg, "engines"),
                 )
         except ImportError:
             pass
@@ -96,7 +102,8 @@ class EngineFleet:
             drain_timeout_s=e.drain_timeout_s,
             max_engines=e.max_engines,
         )
-        self._elastic_server = ElasticServer(self.elastic, loop, e.host, e.port)
+        host = e.host or bind_address(self.cfg.resources.bind)
+        self._elastic_server = ElasticServer(self.elastic, loop, host, e.port)
         return self._elastic_server.start()
 
     def plan(self) -> list[str] | None:

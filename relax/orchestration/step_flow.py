@@ -154,8 +154,8 @@ class StepFlow:
         asked again, on the new handles.
         After an update only the heartbeats are asked (`begin_push`): `prepare_weight_update`, sent
         first, raises the Rollout's failure, and a stage role's failure stops the Actor's next step, whose
-        wait checks every `POLL_S`, as does the loop (`check(max_age_s=POLL_S)`). Each Serve round trip
-        left out is ~3-4 ms of CPU a step on 2 cores."""
+        wait checks every `POLL_S`, as does the loop (`check(max_age_s=POLL_S)`). A Serve round trip
+        left out is CPU a step saved (docs/measurements.md)."""
         asked = self.health.ask() if self.health is not None else None
         rollout = self.rollout.check.remote() if self.streaming and rollout else None
         stages = stages and self.streaming

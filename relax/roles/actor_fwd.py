@@ -73,10 +73,12 @@ class ActorFwdRole(StageRole):
         """Join the trainer's weight broadcasts: the URL of this role's weight receiver (the trainer adds
         it to the engines of its weight-sync group, so weights arrive by NCCL/gloo broadcast, no host
         copy through Ray). `mark_trained` then says which training step the received weights hold."""
+        from relax.utils.net import bind_address
         from relax.weights.receiver import ModelWeightReceiver, ReceiverServer
 
         if self._receiver is None:
-            self._receiver = ReceiverServer(ModelWeightReceiver(self.model))
+            host = bind_address(self.cfg.resources.bind)
+            self._receiver = ReceiverServer(ModelWeightReceiver(self.model), host=host)
             self._receiver.start()
         return self._receiver.url
 

@@ -12,7 +12,6 @@ Serve deploys it (`relax.orchestration.service`), tests call it directly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -33,6 +32,7 @@ from relax.rollout.loop import RolloutLoop
 from relax.rollout.staleness import StalenessGate
 from relax.rollout.step_assembler import StepAssembler
 from relax.rollout.step_producer import StepProducer
+from relax.utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -217,11 +217,8 @@ class RolloutRole(PlaneClient):
         self.ledger.mark_trained(trained_step)
 
     async def stop(self) -> None:
-        if self._ahead_task is not None:
-            self._ahead_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._ahead_task
-            self._ahead_task = None
+        task, self._ahead_task = self._ahead_task, None
+        await cancel_and_wait(task)
 
     async def evaluate(self, step: int, out_dir: str | None = None) -> dict[str, float]:
         """Evaluate every configured held-out set on the engines' current weights; response samples go

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 
 from relax.config import RelaxConfig
 from relax.dataplane.plane import PlaneClient
+from relax.utils.tasks import cancel_and_wait
 
 
 class StageRole(PlaneClient, abc.ABC):
@@ -36,8 +36,5 @@ class StageRole(PlaneClient, abc.ABC):
         return {}
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
