@@ -43,7 +43,11 @@ class ElasticConfig(Section):
     """The elastic rollout REST API (docs/elastic_api.md), served by the Rollout role."""
 
     enabled: bool = Field(True, description="Serve the elastic API (scale out/in, engines, operations).")
-    host: str = Field("127.0.0.1", description="Address the API listens on (loopback unless you need more).")
+    host: str | None = Field(
+        None,
+        description="Address the API listens on; None = `resources.bind` (127.0.0.1 on one machine, the "
+        "Rollout node's address on a cluster).",
+    )
     port: int = Field(
         0, ge=0, le=65535, description="API port (0 = a free port); the URL goes to endpoints.json."
     )

@@ -73,6 +73,7 @@ class Controller:
         old_handlers = self._install_signal_handlers()  # a stop while starting ends the start too
         r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
         self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
+        self._install_signal_handlers()  # again: starting Ray's core worker put its own SIGTERM handler in
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
         try:
             preflight.check_nodes(self.cfg)

@@ -174,6 +174,7 @@ def deploy_roles(
     from relax.ops.startup import clear_start_failures, start_failure
 
     names = [r.name for r in roles]
+    logger.info("starting roles %s", ", ".join(names))
     clear_start_failures(names)
     targets = [serve.RunTarget(_application(r), name=r.name, route_prefix=None) for r in roles]
     handles = serve.run_many(targets, wait_for_applications_running=False)

@@ -61,3 +61,37 @@ def bind_address(bind: str = "auto") -> str:
     """The address a server Relax starts listens on and advertises (`resources.bind`): 127.0.0.1, or
     this node's address (Ray's node IP) on a cluster of several nodes. Never all interfaces."""
     return "127.0.0.1" if resolve_bind(bind) == "loopback" else node_ip()
+
+
+def route_address(peer: str) -> str:
+    """This host's address on the route to `peer` (the local end a connection to it would use): the
+    address a peer on another node reaches this process on. Sends nothing."""
+    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((peer, 9))
+            return s.getsockname()[0]
+        except OSError:  # no route: loopback is as good as anything
+            return "127.0.0.1"
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface that holds `address` (None if none does)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None
+
+
+def pin_gloo_interface(peer: str) -> None:
+    """Make Gloo's default device (`init_process_group("gloo")`) the interface on the route to `peer`,
+    unless GLOO_SOCKET_IFNAME is set: by default Gloo binds the address the host name resolves to, which
+    is loopback on many hosts, and ranks on other nodes cannot connect to it."""
+    import os
+
+    if "GLOO_SOCKET_IFNAME" not in os.environ and (name := interface_of(route_address(peer))):
+        os.environ["GLOO_SOCKET_IFNAME"] = name

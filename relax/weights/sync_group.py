@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from relax.utils.net import route_address
+
 logger = logging.getLogger(__name__)
 
 TensorSpec = tuple[str, torch.dtype | str, Sequence[int]]  # (name, dtype, shape)
@@ -179,7 +181,13 @@ def create_group(
         f"{device_type}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store))
     )
     if backend == "gloo":
-        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        # Gloo's default device is the address this host's name resolves to, loopback on many hosts:
+        # peers on other nodes could not connect to it. The address on the route to the rendezvous is
+        # the one they reach.
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=route_address(master_address))]
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
     else:
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout

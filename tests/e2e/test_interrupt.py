@@ -40,6 +40,43 @@ def _run_pids() -> set[str]:
     return pids
 
 
+def test_sigterm_while_roles_start_ends_the_run(tiny_model_dir, arith_file, tmp_path):
+    """A stop asked for before any step ran (roles still deploying) ends the run at once, with nothing
+    left running; it no longer waits for a step that never starts."""
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("{}\n")
+    args = [
+        str(cfg_file),
+        f"model.path={tiny_model_dir}",
+        f"data.train_files=[{arith_file}]",
+        f"run.output_dir={tmp_path}",
+        "run.name=early",
+        "ops.progress=false",
+    ]
+    log_file = tmp_path / "log.txt"
+    with open(log_file, "w") as log:
+        proc = _train(args, log)
+        deadline = time.monotonic() + 240
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and "starting roles" not in log_file.read_text()
+        ):
+            time.sleep(0.1)
+        assert proc.poll() is None, log_file.read_text()[-3000:]
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # to the driver, as a scheduler or `kill` sends it
+        assert proc.wait(timeout=60) == 130, log_file.read_text()[-3000:]
+    assert time.monotonic() - signalled < 45
+    assert "stop requested while roles" in log_file.read_text()
+    metrics = tmp_path / "early" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()  # no step ran
+    deadline = time.monotonic() + 30
+    while _run_pids() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _run_pids(), "processes of the run (Ray, engines) left behind after SIGTERM"
+
+
 def test_ctrl_c_then_resume(tiny_model_dir, arith_file, tmp_path):
     args = [
         "-",

@@ -118,6 +118,10 @@ class FSDPWorker:
             self.device = torch.device("cuda", self.device.index or assigned_gpu_index())
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
+            if self.device.type != "cuda":
+                from relax.utils.net import pin_gloo_interface
+
+                pin_gloo_interface(master_addr)
             dist.init_process_group(
                 "nccl" if self.device.type == "cuda" else "gloo",
                 init_method=f"tcp://{master_addr}:{master_port}",

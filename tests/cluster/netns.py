@@ -1,0 +1,272 @@
+"""Simulated hosts for multi-host tests: Linux network namespaces joined by a bridge, one Ray node each.
+
+Each host is a network namespace with its own loopback (so a server that binds or advertises 127.0.0.1 is
+unreachable from the other hosts, as on real machines) and one address from 198.18.0.0/24 (RFC 2544's
+benchmarking range). The bridge lives in a namespace of its own, so nothing is added to the machine's own
+network. The hosts share the file system, as nodes of a cluster share a network file system; a host can
+be started with folders hidden from it (a tmpfs mounted over them in a mount namespace of its own) to
+play a node that cannot see a path.
+
+`SimulatedCluster` makes the namespaces, starts Ray (head on host 1, workers on the others, Ray's token
+authentication on) and always removes everything it made, also when a test fails; namespaces of this
+prefix left by a killed earlier run are removed first.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "relaxmh"
+SUBNET = "198.18.0"
+RAY_PORT = 6379
+DASHBOARD_PORT = 8265
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def netns_unavailable() -> str | None:
+    """Why namespaces cannot be made here (None when they can): the reason a test skips with."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is missing"
+    probe = f"{PREFIX}-probe"
+    done = _ip("netns", "add", probe, check=False)
+    if done.returncode != 0:
+        return f"cannot make a network namespace: {done.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+def remove_leftovers() -> None:
+    """Namespaces of this prefix (from a run that was killed) and their processes."""
+    listed = _ip("netns", "list", check=False).stdout.split("\n")
+    for line in listed:
+        name = line.split(" ")[0]
+        if name.startswith(PREFIX):
+            _kill_all(name)
+            _ip("netns", "del", name, check=False)
+
+
+def _kill_all(ns: str) -> None:
+    pids = _ip("netns", "pids", ns, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@dataclass
+class Host:
+    index: int  # 1-based
+    ns: str
+    address: str
+    temp_dir: Path
+    hidden: list[Path] = field(default_factory=list)  # folders this host does not see
+
+
+class SimulatedCluster:
+    """`hosts` Ray nodes: host i gets `cpus[i-1]` logical CPUs and the Ray node labels `labels[i-1]`;
+    `hidden[i-1]` lists folders that host cannot see. Host 1 is the head (and where drivers run)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        cpus: list[int],
+        labels: list[dict[str, str]] | None = None,
+        hidden: list[list[Path]] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.cpus = cpus
+        self.labels = labels or [{} for _ in cpus]
+        self.token = secrets.token_hex(16)
+        tag = f"{PREFIX}-{os.getpid() % 100000}"
+        self.switch = f"{tag}-sw"
+        self.hosts = [
+            Host(
+                i,
+                f"{tag}-h{i}",
+                f"{SUBNET}.{i}",
+                workdir / f".ray-h{i}",
+                list((hidden or [[]] * len(cpus))[i - 1]),
+            )
+            for i in range(1, len(cpus) + 1)
+        ]
+        self._made: list[str] = []
+
+    @property
+    def head(self) -> Host:
+        return self.hosts[0]
+
+    @property
+    def address(self) -> str:
+        return f"{self.head.address}:{RAY_PORT}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://{self.head.address}:{DASHBOARD_PORT}"
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def __enter__(self) -> SimulatedCluster:
+        remove_leftovers()
+        try:
+            self._network()
+            self._start_ray()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _network(self) -> None:
+        _ip("netns", "add", self.switch)
+        self._made.append(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for h in self.hosts:
+            _ip("netns", "add", h.ns)
+            self._made.append(h.ns)
+            _ip(
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                h.ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"p{h.index}",
+                "netns",
+                self.switch,
+            )
+            _ip("-n", self.switch, "link", "set", f"p{h.index}", "master", "br0")
+            _ip("-n", self.switch, "link", "set", f"p{h.index}", "up")
+            _ip("-n", h.ns, "addr", "add", f"{h.address}/24", "dev", "eth0")
+            _ip("-n", h.ns, "link", "set", "eth0", "up")
+            _ip("-n", h.ns, "link", "set", "lo", "up")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a process on a simulated host: the node address is the host's own (the
+        loopback-only Ray setting is left out), Ray's token authentication is on."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")
+        }
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, PYTHONUNBUFFERED="1")
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        env.update(extra)
+        return env
+
+    def _argv(self, host: Host, argv: list[str]) -> list[str]:
+        if host.hidden:  # a mount namespace of its own, with each hidden folder covered by an empty tmpfs
+            mounts = " && ".join(f"mount -t tmpfs relax-hidden {str(p)!r}" for p in host.hidden)
+            script = f'{mounts} && exec "$@"'
+            return [
+                "ip",
+                "netns",
+                "exec",
+                host.ns,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                *argv,
+            ]
+        return ["ip", "netns", "exec", host.ns, *argv]
+
+    def run(self, host: int, argv: list[str], timeout_s: float, **env: str) -> subprocess.CompletedProcess:
+        """Run `argv` on host `host` (1-based) in the work folder and wait for it; output is captured."""
+        h = self.hosts[host - 1]
+        return subprocess.run(
+            self._argv(h, argv),
+            cwd=self.workdir,
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+    def popen(self, host: int, argv: list[str], log: Path, **env: str) -> subprocess.Popen:
+        h = self.hosts[host - 1]
+        fh = log.open("w")
+        return subprocess.Popen(
+            self._argv(h, argv), cwd=self.workdir, env=self.env(**env), stdout=fh, stderr=subprocess.STDOUT
+        )
+
+    def _start_ray(self) -> None:
+        ray = str(Path(sys.executable).parent / "ray")
+        for h, cpus, labels in zip(self.hosts, self.cpus, self.labels, strict=True):
+            args = [
+                ray,
+                "start",
+                f"--node-ip-address={h.address}",
+                f"--num-cpus={cpus}",
+                "--num-gpus=0",
+                f"--temp-dir={h.temp_dir}",
+                "--disable-usage-stats",
+                "--object-store-memory=300000000",
+            ]
+            if labels:
+                args.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
+            if h.index == 1:
+                args += [
+                    "--head",
+                    f"--port={RAY_PORT}",
+                    f"--dashboard-host={h.address}",
+                    f"--dashboard-port={DASHBOARD_PORT}",
+                    "--include-dashboard=true",
+                ]
+            else:
+                args.append(f"--address={self.address}")
+            done = self.run(h.index, args, timeout_s=180)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"ray start on host {h.index} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+                )
+        self.wait_for_nodes(len(self.hosts))
+
+    def wait_for_nodes(self, n: int, timeout_s: float = 120) -> None:
+        code = (
+            "import ray, time\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR')\n"
+            f"deadline = time.time() + {timeout_s}\n"
+            f"while sum(x['Alive'] for x in ray.nodes()) < {n} and time.time() < deadline: time.sleep(0.5)\n"
+            "print(sum(x['Alive'] for x in ray.nodes()))\n"
+        )
+        done = self.run(1, [sys.executable, "-c", code], timeout_s=timeout_s + 60)
+        alive = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "?"
+        if alive != str(n):
+            raise RuntimeError(f"{alive} of {n} Ray nodes alive:\n{done.stderr[-3000:]}")
+
+    def close(self) -> None:
+        """Stop Ray on every host, kill what is left in the namespaces, remove them. Never raises."""
+        ray = str(Path(sys.executable).parent / "ray")
+        for h in reversed(self.hosts):
+            if h.ns in self._made:
+                try:
+                    self.run(h.index, [ray, "stop", "--force"], timeout_s=60)
+                except Exception:  # noqa: BLE001 - cleaning up: kill below
+                    pass
+        time.sleep(0.5)
+        for ns in reversed(self._made):
+            _kill_all(ns)
+            _ip("netns", "del", ns, check=False)
+        self._made.clear()
