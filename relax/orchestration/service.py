@@ -96,6 +96,7 @@ class RoleStartError(RuntimeError):
         where = f" on node {node}" if node else ""
         super().__init__(f"role {role} could not start{where}: {reason}")
         self.role, self.node, self.reason = role, node, reason
+        logger.error("%s", self)
 
 
 class RunStopped(RuntimeError):

@@ -14,11 +14,13 @@ prefix left by a killed earlier run are removed first.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +78,9 @@ class Host:
 
 
 class SimulatedCluster:
-    """`hosts` Ray nodes: host i gets `cpus[i-1]` logical CPUs and the Ray node labels `labels[i-1]`;
-    `hidden[i-1]` lists folders that host cannot see. Host 1 is the head (and where drivers run)."""
+    """`hosts` Ray nodes: host i gets `cpus[i-1]` logical CPUs, the Ray node labels `labels[i-1]` and the
+    custom resources `resources[i-1]`; `hidden[i-1]` lists folders that host cannot see. Host 1 is the
+    head (and where drivers run)."""
 
     def __init__(
         self,
@@ -85,19 +88,23 @@ class SimulatedCluster:
         cpus: list[int],
         labels: list[dict[str, str]] | None = None,
         hidden: list[list[Path]] | None = None,
+        resources: list[dict[str, float]] | None = None,
     ) -> None:
         self.workdir = workdir
         self.cpus = cpus
         self.labels = labels or [{} for _ in cpus]
+        self.resources = resources or [{} for _ in cpus]
         self.token = secrets.token_hex(16)
         tag = f"{PREFIX}-{os.getpid() % 100000}"
         self.switch = f"{tag}-sw"
+        # Ray's socket paths must stay under 108 bytes: its temp folders go to a short path of their own
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="rmh", dir="/tmp"))
         self.hosts = [
             Host(
                 i,
                 f"{tag}-h{i}",
                 f"{SUBNET}.{i}",
-                workdir / f".ray-h{i}",
+                self.ray_tmp / f"h{i}",
                 list((hidden or [[]] * len(cpus))[i - 1]),
             )
             for i in range(1, len(cpus) + 1)
@@ -168,6 +175,8 @@ class SimulatedCluster:
         }
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, PYTHONUNBUFFERED="1")
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        repo = str(Path(__file__).resolve().parents[2])  # test helpers (`tests.cluster.ops_client`)
+        env["PYTHONPATH"] = ":".join(p for p in (env.get("PYTHONPATH"), repo) if p)
         env.update(extra)
         return env
 
@@ -213,7 +222,7 @@ class SimulatedCluster:
 
     def _start_ray(self) -> None:
         ray = str(Path(sys.executable).parent / "ray")
-        for h, cpus, labels in zip(self.hosts, self.cpus, self.labels, strict=True):
+        for h, cpus, labels, res in zip(self.hosts, self.cpus, self.labels, self.resources, strict=True):
             args = [
                 ray,
                 "start",
@@ -226,6 +235,8 @@ class SimulatedCluster:
             ]
             if labels:
                 args.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
+            if res:
+                args.append("--resources=" + json.dumps(res))
             if h.index == 1:
                 args += [
                     "--head",
@@ -270,3 +281,4 @@ class SimulatedCluster:
             _kill_all(ns)
             _ip("netns", "del", ns, check=False)
         self._made.clear()
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)

@@ -20,11 +20,11 @@ def scale_out(run_dir: str, n: int, timeout_s: float = 300) -> dict:
     url = api(run_dir)
     op = httpx.post(f"{url}/v1/engines/scale_out", json={"mode": "ray_native", "num_engines": n}, timeout=30)
     op.raise_for_status()
-    op_id = op.json()["id"]
+    op_id = op.json()["request_id"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = httpx.get(f"{url}/v1/operations/{op_id}", timeout=30).json()
-        if state["state"] in ("active", "completed", "failed", "cancelled"):
+        if state["done"]:
             return state
         time.sleep(0.5)
     raise TimeoutError(f"scale-out {op_id} still running after {timeout_s}s")
