@@ -107,6 +107,11 @@ def tool_grammar(functions: list[dict[str, Any]], many: bool) -> str:
         for fn in functions
     ]
     schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    # fixed separators, no free whitespace (see the engine's `grammar.JSON_OPTIONS`): the call always ends
+    schema = {
+        **schema,
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+    }
     start = 'start: call ("\\n" call)*' if many else "start: call"
     return f'{start}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {json.dumps(schema)}\n'
 

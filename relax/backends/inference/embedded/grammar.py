@@ -20,6 +20,9 @@ import torch
 from torch import Tensor
 
 _BITS = torch.arange(8, dtype=torch.uint8)
+# JSON is written with fixed separators and no free whitespace: with whitespace free a model (a weak one
+# most of all) can pad the output until it runs out of tokens, and the text never ends as valid JSON.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class Grammar:
@@ -70,7 +73,7 @@ class GrammarCompiler:
             if kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(text)
             elif kind == "json_schema":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(text)
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
             else:
                 grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
         except Exception as e:  # noqa: BLE001 - the library's own parse errors, handed to the caller
