@@ -17,6 +17,7 @@ from typing import Any
 
 from relax.engine_api.openai.errors import OpenAIError
 from relax.engine_api.openai.schema import ChatCompletionRequest, Sampling
+from relax.engine_api.openai.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 CONSTRAINTS = ("regex", "ebnf", "json_schema")
 
@@ -92,7 +93,17 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def tool_grammar(functions: list[dict[str, Any]], many: bool) -> str:
+def tag_term(tokenizer: Any, tag: str) -> str:
+    """A Lark term for a tag: the token itself (`<[id]>`) when the tokenizer has it as one added token
+    (Qwen's `<tool_call>`: llguidance matches such tokens by id, never by their text), else the text."""
+    if tokenizer is not None:
+        tid = tokenizer.convert_tokens_to_ids(tag)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tokenizer.decode([tid]) == tag:
+            return f"<[{tid}]>"
+    return json.dumps(tag)
+
+
+def tool_grammar(functions: list[dict[str, Any]], many: bool, tokenizer: Any = None) -> str:
     """A Lark grammar of Qwen tool calls of these functions (`many`: one or more, else exactly one)."""
     alternatives = [
         {
@@ -113,10 +124,11 @@ def tool_grammar(functions: list[dict[str, Any]], many: bool) -> str:
         "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
     }
     start = 'start: call ("\\n" call)*' if many else "start: call"
-    return f'{start}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {json.dumps(schema)}\n'
+    call = f'{tag_term(tokenizer, TOOL_CALL_OPEN)} "\\n" body "\\n" {tag_term(tokenizer, TOOL_CALL_CLOSE)}'
+    return f"{start}\ncall: {call}\nbody: %json {json.dumps(schema)}\n"
 
 
-def apply_tools(params: dict[str, Any], req: ChatCompletionRequest) -> bool:
+def apply_tools(params: dict[str, Any], req: ChatCompletionRequest, tokenizer: Any = None) -> bool:
     """Check `tools` and `tool_choice`, constrain the output where the choice forces a call; returns
     whether tool calls are parsed from the output."""
     choice = req.tool_choice
@@ -130,7 +142,12 @@ def apply_tools(params: dict[str, Any], req: ChatCompletionRequest) -> bool:
     if choice in (None, "auto"):
         return True
     if choice == "required":
-        _constrain(params, "ebnf", tool_grammar(list(functions.values()), many=True), "tool_choice")
+        _constrain(
+            params,
+            "ebnf",
+            tool_grammar(list(functions.values()), many=True, tokenizer=tokenizer),
+            "tool_choice",
+        )
         return True
     name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
     if name not in functions:
@@ -139,5 +156,7 @@ def apply_tools(params: dict[str, Any], req: ChatCompletionRequest) -> bool:
             400,
             "tool_choice",
         )
-    _constrain(params, "ebnf", tool_grammar([functions[name]], many=False), "tool_choice")
+    _constrain(
+        params, "ebnf", tool_grammar([functions[name]], many=False, tokenizer=tokenizer), "tool_choice"
+    )
     return True

@@ -111,7 +111,7 @@ def openai_router(resolve: Resolve) -> APIRouter:
             raise OpenAIError("top_logprobs needs logprobs=true", 400, "top_logprobs")
         params = sampling_params(req, req.max_new_tokens)
         apply_response_format(params, req.response_format)
-        parse_tools = apply_tools(params, req)
+        parse_tools = apply_tools(params, req, backend.tokenizer)
         prompt = await backend.chat_prompt(req.messages, req.tools)
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
