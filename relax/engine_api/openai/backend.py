@@ -29,6 +29,7 @@ class Choice:
     finish_reason: str  # stop | length | abort
     text: str  # the output text (cut before a matched stop string)
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)  # per token, when asked
+    weight_version: str | None = None  # the oldest weights it was sampled under
 
 
 class OpenAIBackend(Protocol):
