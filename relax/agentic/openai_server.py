@@ -72,11 +72,15 @@ class OpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         new_session: Callable[[str], ChatSession] | None = None,
+        default_session: str | None = None,
         dependencies: Sequence[Any] = (),
     ) -> None:
+        """`new_session(id)`: open a session for an unknown id (else a 404); `default_session`: the id of a
+        request that names none (plain `/v1/...`), else such a request only lists the model."""
         self.model_name = model_name
         self.host, self.port = host, port
         self.new_session = new_session
+        self.default_session = default_session
         self.sessions: dict[str, ChatSession] = {}
         self.app = self._build_app(list(dependencies))
         self._server: _Server | None = None
@@ -138,6 +142,7 @@ class OpenAIServer:
     # -- HTTP --------------------------------------------------------------------------------
     def _resolve(self, request: Request) -> Any:
         sid = request.path_params.get("session_id") or request.headers.get(SESSION_HEADER, "")
+        sid = sid or self.default_session or ""
         session = self.sessions.get(sid)
         if session is None and sid and self.new_session is not None:
             session = self.sessions[sid] = self.new_session(sid)

@@ -1,4 +1,4 @@
-"""The `relax` command line: train, doctor, tiny-model, data, engine, status."""
+"""The `relax` command line: train, doctor, tiny-model, data, engine, agent, status."""
 
 from __future__ import annotations
 
@@ -196,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.entrypoints.engine_cmd import add_engine_parser
 
     add_engine_parser(sub)
+    from relax.entrypoints.agent_cmd import add_agent_parser
+
+    add_agent_parser(sub)
     from relax.entrypoints.export_cmd import add_export_parser
 
     add_export_parser(sub)
