@@ -62,10 +62,18 @@ def build_app(engine: EmbeddedEngine, dependencies: Sequence[Any] = ()) -> FastA
 class EngineServer:
     """An `EmbeddedEngine` behind its HTTP server on a background thread."""
 
-    def __init__(self, model_path: str, host: str = "127.0.0.1", port: int = 0, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        dependencies: Sequence[Any] = (),
+        **engine_kwargs: Any,
+    ) -> None:
+        """`dependencies`: FastAPI `Depends(...)` on every route but `/health` (see `build_app`)."""
         self.host, self.port = host, port
         self.engine = EmbeddedEngine(model_path, **engine_kwargs)
-        self.app = build_app(self.engine)
+        self.app = build_app(self.engine, dependencies)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
