@@ -167,3 +167,30 @@ def test_tokenize_and_detokenize_round_trip(engine_server, tokenizer):
     text = post(engine_server.url, {"tokens": got["tokens"]}, "/detokenize").json()["text"]
     assert text == "hello world"
     assert post(engine_server.url, {"tokens": [10**7]}, "/detokenize").status_code == 400
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/completions"])
+def test_a_streaming_client_that_hangs_up_has_its_request_aborted(engine_server, route):
+    import time
+
+    engine = engine_server.engine
+    if route == "/generate":
+        body = {
+            "input_ids": [1, 2, 3],
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True},
+        }
+    else:
+        body = {"prompt": [1, 2, 3], "stream": True, "max_tokens": 1500, "ignore_eos": True}
+    httpx.post(engine_server.url + "/slow_down", json={"forward_sleep_time": 0.01}, timeout=10)
+    try:
+        with httpx.stream("POST", engine_server.url + route, json=body, timeout=60) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    break  # one chunk, then hang up
+        deadline = time.monotonic() + 20
+        while engine.metrics().num_running + engine.metrics().num_waiting > 0:
+            assert time.monotonic() < deadline, "the request kept running after its client left"
+            time.sleep(0.05)
+    finally:
+        httpx.post(engine_server.url + "/slow_down", json={"forward_sleep_time": None}, timeout=10)

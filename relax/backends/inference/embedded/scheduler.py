@@ -247,14 +247,18 @@ class Scheduler:
         running = self.running
         batch = self.batch if self.batch is not None else self._new_batch()
         logits_BV = self.runner.decode(batch.tokens_B, batch.pos_B, batch.length, batch.delta_B)
-        tops: list = [None] * len(running)
-        if batch.special is not None:
-            logits_BV = batch.special.process(logits_BV)
-            tops = batch.special.top_logprobs(logits_BV)
+        special = batch.special
+        if special is not None:
+            logits_BV = special.process(logits_BV)
         tokens_B, logp_B = batch.sampler.sample(logits_BV, self.generator)
         new_tokens, logprobs = to_lists(tokens_B, logp_B)
-        for s, t, lp, top in zip(running, new_tokens, logprobs, tops, strict=True):
-            s.append(t, lp, top)
+        if special is None:
+            for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
+                s.append(t, lp)
+        else:
+            tops = special.top_logprobs(logits_BV)
+            for s, t, lp, top in zip(running, new_tokens, logprobs, tops, strict=True):
+                s.append(t, lp, top)
         batch.tokens_B, batch.pos_B, batch.length = tokens_B, batch.pos_B + 1, batch.length + 1
         self.batch = batch
         self._drop_finished()  # a row that leaves clears self.batch

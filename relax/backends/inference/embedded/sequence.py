@@ -75,6 +75,7 @@ class Sequence:
         # rows that change their logits or want more than the sampled token's log-prob leave the
         # decode loop's fast path (`logit_rows.py`)
         self.special = matcher is not None or bool(group.logit_bias) or group.top_logprobs_num > 0
+        self._extra = self.special or bool(group.params.stop_regexes) or group.on_token is not None
 
     def note_version(self, old: str, new: str) -> None:
         """The weights changed from `old` to `new` after this sequence's tokens so far (the next token is
@@ -99,6 +100,23 @@ class Sequence:
         return self.group.prompt + self.output_ids[:-1]
 
     def append(self, token: int, logprob: float, top: TopLogprobs | None = None) -> None:
+        if self._extra:  # top log-probs, a grammar, stop regexes or streaming: off the common path
+            self._append_extra(token, logprob, top)
+            return
+        out = self.output_ids
+        out.append(token)
+        self.logprobs.append(logprob)
+        g = self.group
+        if token in g.stop_ids:
+            self.finish = {"type": "stop", "matched": token}
+        elif g.stop_strings and (matched := self._matched_stop_string()) is not None:
+            self.finish = {"type": "stop", "matched": matched}
+        elif len(out) >= self._max_new:
+            self.finish = {"type": "length", "length": self._max_new}
+        elif len(out) >= self._room:
+            self.finish = {"type": "length", "length": len(out)}
+
+    def _append_extra(self, token: int, logprob: float, top: TopLogprobs | None) -> None:
         out = self.output_ids
         out.append(token)
         self.logprobs.append(logprob)
