@@ -8,7 +8,9 @@ so that what a client has received is always a prefix of the final text.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 
@@ -51,3 +53,21 @@ class IncrementalText:
         delta = final_text[len(self.sent) :] if final_text.startswith(self.sent) else ""
         self.sent = final_text
         return delta
+
+
+async def drain_until(queue: asyncio.Queue, done: asyncio.Future) -> AsyncIterator[list[Any]]:
+    """The items put on `queue` (by callbacks, from any thread through `call_soon_threadsafe`), a batch
+    at a time as they come, until `done` has finished and the queue is empty. Items put before `done`
+    finished (from the same thread) are all yielded: they were queued first."""
+    while True:
+        getter = asyncio.ensure_future(queue.get())
+        await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+        items = [getter.result()] if getter.done() else []
+        if not getter.done():
+            getter.cancel()  # an item it was about to take stays in the queue
+        while not queue.empty():
+            items.append(queue.get_nowait())
+        if items:
+            yield items
+        if done.done() and queue.empty():
+            return

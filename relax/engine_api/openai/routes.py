@@ -34,7 +34,7 @@ from relax.engine_api.openai.replies import (
 )
 from relax.engine_api.openai.schema import ChatCompletionRequest, CompletionRequest
 from relax.engine_api.openai.streaming import ChoiceStream
-from relax.engine_api.streaming import DONE, sse
+from relax.engine_api.streaming import DONE, drain_until, sse
 
 Resolve = Callable[[Request], "OpenAIBackend | Awaitable[OpenAIBackend]"]
 
@@ -207,17 +207,9 @@ async def _generation_events(
         backend.generate(prompt_ids, params, top_logprobs=top_n, on_tokens=on_tokens)
     )
     try:
-        while True:
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield "tokens", getter.result()
-            else:
-                getter.cancel()
-            while not queue.empty():
-                yield "tokens", queue.get_nowait()
-            if task.done() and queue.empty():
-                break
+        async for items in drain_until(queue, task):
+            for item in items:
+                yield "tokens", item
         yield "done", task.result()
     finally:
         if not task.done():

@@ -27,7 +27,7 @@ from relax.backends.inference.embedded.sequence import GenerationResult
 from relax.backends.inference.embedded.sglang_format import Job, Partial, final_item, partial_item
 from relax.data.mm_codec import decode_inputs
 from relax.engine_api.protocol import GenerateRequest, SamplingParams
-from relax.engine_api.streaming import DONE, IncrementalText, sse
+from relax.engine_api.streaming import DONE, IncrementalText, drain_until, sse
 
 logger = logging.getLogger(__name__)
 
@@ -182,14 +182,7 @@ async def _stream(
         return sse(item)
 
     try:
-        while True:
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
-            items = [await getter] if getter.done() else []
-            if not getter.done():
-                getter.cancel()
-            while not queue.empty():
-                items.append(queue.get_nowait())
+        async for items in drain_until(queue, done):
             touched = []
             for p, j, t, lp, top in items:
                 part = partials[(p, j)]
@@ -208,8 +201,6 @@ async def _stream(
                     part, job, rid, texts[key].sent, engine.tokenizer, text_in_lp, engine.weight_version
                 )
                 yield chunk(key, item)
-            if done.done() and queue.empty():
-                break
         try:
             groups = done.result()
         except RuntimeError as e:
