@@ -55,8 +55,10 @@ class ExternalAgentRollout:
         self._sem: asyncio.Semaphore | None = None
         self.dropped_branches = 0
 
-    async def _generate(self, prompt_ids: list[int], params: dict[str, Any]) -> Any:
-        (out,) = await self.inflight.generate(prompt_ids, params)
+    async def _generate(self, prompt_ids: list[int], params: dict[str, Any], **client_kwargs: Any) -> Any:
+        """One call's generation through the weight-update gate (streaming and top log-probs in
+        `client_kwargs`); every sampling parameter the agent set reaches the engine."""
+        (out,) = await self.inflight.generate(prompt_ids, params, **client_kwargs)
         return out
 
     def new_session(self, session_id: str) -> ChatSession:

@@ -1,58 +1,96 @@
-"""An OpenAI-compatible `/v1/chat/completions` endpoint over the rollout's inference engines, so an agent
-program written against any OpenAI client can be trained.
+"""The agent endpoint: the OpenAI-compatible API (`relax.engine_api.openai`, the same routes every
+embedded engine serves) over the sessions of external agents, so an agent program written against any
+OpenAI client can be trained.
 
-One server per Rollout role, on 127.0.0.1, running on the role's event loop (its calls go through the
+One server per Rollout role (or per `relax agent serve`), running on its event loop (calls go through the
 same router and weight-update gate as every other generation request). Each sample's agent gets its own
-session, addressed by the base URL `http://127.0.0.1:PORT/s/<session_id>/v1` (or by the header
-`X-Relax-Session` on `/v1/...`). Supported: `messages`, `tools`, `max_tokens` /
-`max_completion_tokens`, `temperature`, `top_p`, `stream` (server-sent events); `n` must be 1.
+session (`ChatSession`), addressed by the base URL `http://HOST:PORT/s/<session_id>/v1` or by the header
+`X-Relax-Session` on `/v1/...`. With `new_session` given, an unknown session id opens a session (the
+standalone development mode); otherwise it is a 404. `dependencies` (FastAPI `Depends(...)`) guard every
+route.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from relax.agentic.session import ChatSession
+from relax.engine_api.openai.backend import ChatPrompt
+from relax.engine_api.openai.errors import OpenAIError, openai_error
+from relax.engine_api.openai.routes import openai_router
 
 logger = logging.getLogger(__name__)
 
+SESSION_HEADER = "x-relax-session"
+
 
 class _Server(uvicorn.Server):
-    """uvicorn without signal handlers: it runs inside a role whose process owns the signals."""
+    """uvicorn without signal handlers: it runs inside a process that owns the signals."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
 
-def _error(message: str, status: int, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+class _NoSession:
+    """The backend of a request that names no session: it lists the model and generates nothing."""
+
+    max_n, n_refusal, tokenizer = 1, "", None
+
+    def __init__(self, model_name: str, session_id: str) -> None:
+        self.model_name, self.session_id = model_name, session_id
+
+    def _refuse(self) -> OpenAIError:
+        return OpenAIError(
+            f"unknown session {self.session_id!r}: use the base URL Relax gave the agent "
+            "(RELAX_BASE_URL, http://HOST:PORT/s/<session>/v1) or the X-Relax-Session header",
+            404,
+        )
+
+    async def chat_prompt(self, *_: Any) -> ChatPrompt:
+        raise self._refuse()
+
+    def text_prompt(self, *_: Any) -> list[int]:
+        raise self._refuse()
 
 
 class OpenAIServer:
-    def __init__(self, model_name: str = "relax-policy") -> None:
+    def __init__(
+        self,
+        model_name: str = "relax-policy",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        new_session: Callable[[str], ChatSession] | None = None,
+        default_session: str | None = None,
+        dependencies: Sequence[Any] = (),
+    ) -> None:
+        """`new_session(id)`: open a session for an unknown id (else a 404); `default_session`: the id of a
+        request that names none (plain `/v1/...`), else such a request only lists the model."""
         self.model_name = model_name
+        self.host, self.port = host, port
+        self.new_session = new_session
+        self.default_session = default_session
         self.sessions: dict[str, ChatSession] = {}
-        self.app = self._build_app()
+        self.app = self._build_app(list(dependencies))
         self._server: _Server | None = None
         self._task: Any = None
         self._starting: Any = None  # asyncio.Lock, made on the loop that starts the server
-        self.port = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def base_url(self, session_id: str) -> str:
         """What an OpenAI client takes as `base_url` for this session."""
@@ -65,7 +103,7 @@ class OpenAIServer:
         return self.sessions.pop(session_id, None)
 
     async def start(self, timeout_s: float = 30.0) -> str:
-        """Serve on a free port of 127.0.0.1 on the running event loop; returns the URL."""
+        """Serve on the running event loop (port 0: a free one); returns the URL."""
         if self._starting is None:
             self._starting = asyncio.Lock()
         async with self._starting:  # concurrent first callers start one server
@@ -74,7 +112,9 @@ class OpenAIServer:
         return self.url
 
     async def _serve(self, timeout_s: float) -> None:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            self.app, host=self.host, port=self.port, log_level="warning", access_log=False
+        )
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve())
         deadline = time.monotonic() + timeout_s
@@ -100,84 +140,22 @@ class OpenAIServer:
             self._server = None
 
     # -- HTTP --------------------------------------------------------------------------------
-    def _build_app(self) -> FastAPI:
-        app = FastAPI(title="Relax OpenAI-compatible endpoint")
+    def _resolve(self, request: Request) -> Any:
+        sid = request.path_params.get("session_id") or request.headers.get(SESSION_HEADER, "")
+        sid = sid or self.default_session or ""
+        session = self.sessions.get(sid)
+        if session is None and sid and self.new_session is not None:
+            session = self.sessions[sid] = self.new_session(sid)
+        return session if session is not None else _NoSession(self.model_name, sid)
 
-        @app.get("/s/{session_id}/v1/models")
-        @app.get("/v1/models")
-        async def models() -> dict[str, Any]:
-            return {
-                "object": "list",
-                "data": [{"id": self.model_name, "object": "model", "owned_by": "relax"}],
-            }
+    def _build_app(self, dependencies: list[Any]) -> FastAPI:
+        app = FastAPI(title="Relax agent endpoint (OpenAI-compatible)")
 
-        @app.post("/s/{session_id}/v1/chat/completions")
-        async def session_chat(session_id: str, request: Request) -> Any:
-            return await self._chat(session_id, request)
+        @app.exception_handler(RequestValidationError)
+        async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+            return openai_error(f"invalid request: {exc.errors()[0].get('msg')}", 400)
 
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> Any:
-            return await self._chat(request.headers.get("x-relax-session", ""), request)
-
+        router = openai_router(self._resolve)
+        app.include_router(router, prefix="/s/{session_id}/v1", dependencies=dependencies)
+        app.include_router(router, prefix="/v1", dependencies=dependencies)
         return app
-
-    async def _chat(self, session_id: str, request: Request) -> Any:
-        session = self.sessions.get(session_id)
-        if session is None:
-            return _error(
-                f"unknown session {session_id!r}: use the base URL Relax gave the agent "
-                "(RELAX_BASE_URL, http://127.0.0.1:PORT/s/<session>/v1)",
-                404,
-            )
-        try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return _error("the request body is not JSON", 400)
-        if int(body.get("n") or 1) != 1:
-            return _error("n must be 1 (each call is one step of the trajectory)", 400)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return _error("messages must be a non-empty list", 400)
-        try:
-            reply, finish, usage = await session.chat(
-                messages,
-                body.get("tools") or None,
-                max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
-                temperature=body.get("temperature"),
-                top_p=body.get("top_p"),
-            )
-        except ValueError as e:
-            return _error(str(e), 400)
-        cid = f"chatcmpl-{uuid.uuid4().hex[:16]}"
-        created = int(time.time())
-        if body.get("stream"):
-            return StreamingResponse(
-                self._stream(cid, created, reply, finish, usage), media_type="text/event-stream"
-            )
-        return {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": body.get("model") or self.model_name,
-            "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
-            "usage": usage,
-        }
-
-    def _stream(self, cid: str, created: int, reply: dict, finish: str, usage: dict) -> Iterator[str]:
-        def chunk(delta: dict[str, Any], reason: str | None = None) -> str:
-            data = {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": self.model_name,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
-            }
-            return f"data: {json.dumps(data)}\n\n"
-
-        yield chunk({"role": "assistant", "content": ""})
-        if reply.get("content"):
-            yield chunk({"content": reply["content"]})
-        for k, call in enumerate(reply.get("tool_calls") or []):
-            yield chunk({"tool_calls": [{"index": k, **call}]})
-        yield chunk({}, finish)
-        yield "data: [DONE]\n\n"

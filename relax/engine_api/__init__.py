@@ -1,5 +1,6 @@
-"""The HTTP contract of inference engines (the subset of SGLang's native API that RL needs): request and
-response models (`protocol`) and the client every caller uses (`client`).
+"""The HTTP contract of inference engines: SGLang's native API (`protocol`: request and response models;
+`client`: the client every caller uses; `streaming`: server-sent events) and the OpenAI-compatible API
+that engines and the agent endpoint serve alike (`openai`).
 
 Layer: engine_api (ARCHITECTURE.md), below weights. May import config, data, utils.
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,8 @@ class GenerateOutput:
     # versions its tokens came from, oldest first, and the output index where each began
     weight_versions: list[str] = field(default_factory=list)
     weight_version_starts: list[int] = field(default_factory=list)
+    # with `top_logprobs_num`: the k most likely tokens at each output position, [(log-prob, token id)]
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, item: dict[str, Any]) -> GenerateOutput:
@@ -75,6 +78,9 @@ class GenerateOutput:
             meta_info=meta,
             weight_versions=[str(v) for v in meta.get("weight_versions") or []],
             weight_version_starts=[int(i) for i in meta.get("weight_version_starts") or []],
+            output_top_logprobs=[
+                [(float(a[0]), int(a[1])) for a in pos or []] for pos in meta.get("output_top_logprobs") or []
+            ],
         )
 
 
@@ -171,25 +177,78 @@ class EngineClient:
         rid: str | list[str] | None = None,
         return_logprob: bool = True,
         multimodal_inputs: dict[str, Any] | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        on_chunk: Callable[[int, GenerateOutput], None] | None = None,
     ) -> GenerateOutput | list[GenerateOutput]:
         """Generate for one prompt (a `GenerateOutput`) or, with a batch of prompts or `n > 1`, a list
         grouped by prompt (prompt 0's samples first). `multimodal_inputs`: one prompt's media tensors,
-        sent as safetensors + base64 (a Relax engine extension of `/generate`)."""
+        sent as safetensors + base64 (a Relax engine extension of `/generate`). `top_logprobs_num`: the k
+        most likely tokens at each output position too. `on_chunk(index, output so far)`: stream
+        (`stream: true`; the outputs so far carry `finish_reason` ""), the return value is the same."""
         body: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": sampling_params or {},
             "return_logprob": return_logprob,
         }
+        if top_logprobs_num:
+            body["top_logprobs_num"] = top_logprobs_num
         if multimodal_inputs:
             from relax.data.mm_codec import encode_inputs
 
             body["multimodal_inputs"] = encode_inputs(multimodal_inputs)
         if rid is not None:
             body["rid"] = rid
+        if on_chunk is not None:
+            return await self._generate_stream(body, on_chunk)
         data = (await self._request("POST", "/generate", body)).json()
         if isinstance(data, list):
             return [GenerateOutput.from_json(d) for d in data]
         return GenerateOutput.from_json(data)
+
+    async def _generate_stream(
+        self, body: dict[str, Any], on_chunk: Callable[[int, GenerateOutput], None]
+    ) -> GenerateOutput | list[GenerateOutput]:
+        """`/generate` with `stream: true`: server-sent events, each a sample's output so far (SGLang's
+        cumulative shape, `index` telling samples apart); the last event of each sample is final."""
+        url = f"{self.base_url}/generate"
+        finals: dict[int, GenerateOutput] = {}
+        try:
+            async with self._http().post(url, json={**body, "stream": True}) as resp:
+                if resp.status >= 400:
+                    raise EngineRequestError(
+                        url,
+                        resp.status,
+                        _error_message(Reply(resp.status, await resp.read(), resp.reason or "")),
+                    )
+                async for raw in resp.content:
+                    line = raw.decode("utf-8", "replace").strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    item = json.loads(line[5:])
+                    if "error" in item:
+                        raise EngineRequestError(
+                            url, 500, _error_message(Reply(500, json.dumps(item).encode(), ""))
+                        )
+                    index = int(item.get("index", 0))
+                    out = GenerateOutput.from_json(item)
+                    if item.get("meta_info", {}).get("finish_reason") is None:
+                        out.finish_reason = ""
+                        on_chunk(index, out)
+                    else:
+                        finals[index] = out
+        except TimeoutError as e:
+            raise EngineUnavailableError(
+                f"inference engine at {url} did not answer in time while streaming"
+            ) from e
+        except aiohttp.ClientError as e:
+            raise EngineUnavailableError(
+                f"inference engine at {url} is unreachable ({type(e).__name__}: {e})"
+            ) from e
+        outs = [finals[i] for i in sorted(finals)]
+        ids, params = body["input_ids"], body.get("sampling_params") or {}
+        batched = (bool(ids) and isinstance(ids[0], list)) or int(params.get("n", 1)) > 1
+        return outs if batched else outs[0]
 
     # -- state ----------------------------------------------------------------------------------
     async def health(self, timeout_s: float | None = 10.0) -> bool:

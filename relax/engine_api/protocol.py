@@ -1,9 +1,11 @@
 """Request bodies of the inference-engine HTTP protocol: the subset of SGLang's native server API that RL
 needs, with SGLang's field names (`sglang/srt/managers/io_struct.py`, `sampling_params.py`).
 
-The embedded engine's server validates requests with these models; unknown fields are errors
-(`extra="forbid"`), so a typo is answered with a 400 that names it instead of silently doing nothing.
-SGLang fields that the embedded engine accepts but does not implement must keep their default value.
+The embedded engine's server validates requests with these models. `/generate` takes SGLang's whole
+`GenerateReqInput` and `SamplingParams` schema: a field the engine implements works as in SGLang, a field
+it does not implement is accepted at its neutral value (`UNSUPPORTED_*`; SGLang's own clients send some
+on every request) and answered 400 naming it otherwise, and a field SGLang does not know (a typo) is a
+400 too: nothing is silently ignored.
 
 Responses follow SGLang too. `/generate` answers, per prompt and sample (a list for batched input or
 n > 1, grouped by prompt: p0s0, p0s1, p1s0, ...)::
@@ -14,11 +16,21 @@ n > 1, grouped by prompt: p0s0, p0s1, p1s0, ...)::
                                              | {"type": "abort", "message": str},
                    "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int,
                    "output_token_logprobs": [[logprob, token_id, text | None], ...],
+                   "output_top_logprobs": [[[logprob, token_id, text | None], ...] | None, ...],
+                   "input_token_logprobs": [[logprob | None, token_id, text | None], ...],
+                   "input_top_logprobs": [...],
                    "weight_version": str, "e2e_latency": float}}
+
+The logprob fields appear with `return_logprob`: `output_*` always, `input_*` when `logprob_start_len`
+>= 0 (from that prompt position on; position 0 has no log-prob: None), the `*_top_logprobs` lists when
+`top_logprobs_num` > 0. With `stream: true` the answer is server-sent events, one `data: {...}` per
+step that produced tokens (text, output ids and logprobs cumulative, `finish_reason` null until the
+last), then `data: [DONE]`; several prompts or samples are told apart by `index`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -28,8 +40,60 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def is_neutral(value: Any, neutral: Any) -> bool:
+    """A value that asks for nothing: the field's neutral value, null, an empty container, or (batched
+    input) a list of such values."""
+    if value is None or value == neutral or (isinstance(value, (list, dict, str)) and not value):
+        return True
+    return isinstance(value, list) and all(is_neutral(v, neutral) for v in value)
+
+
+def check_fields(data: Any, neutral: dict[str, Any], ignored: frozenset[str], what: str) -> Any:
+    """Drop from a request body the SGLang fields the engine accepts but does not implement: those in
+    `neutral` must hold their neutral value (else the ValueError names the field), those in `ignored`
+    (bookkeeping: they change nothing that is generated) may hold anything."""
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for name, value in data.items():
+        if name in neutral:
+            if not is_neutral(value, neutral[name]):
+                raise ValueError(
+                    f"{what}{name}={value!r} is not supported by this engine; leave it out or at "
+                    f"{neutral[name]!r}"
+                )
+        elif name not in ignored:
+            out[name] = value
+    return out
+
+
+# SGLang `SamplingParams` fields the embedded engine does not implement: only their neutral value passes
+# (null or an empty value too). The last group are SGLang's internal fields, filled by its own
+# normalisation and never by callers.
+UNSUPPORTED_SAMPLING = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "beam_width": 1,
+    "structural_tag": None,
+    "custom_params": None,
+    "watermark": None,
+    "stop_strs": None,
+    "stop_regex_strs": None,
+    "stop_str_max_len": 0,
+    "stop_regex_max_len": 0,
+    "is_normalized": False,
+    "ebnf_full_assistant": False,
+}
+GRAMMARS = ("regex", "json_schema", "ebnf")
+
+
 class SamplingParams(Strict):
-    """Per-request sampling parameters (SGLang names and defaults)."""
+    """Per-request sampling parameters (SGLang names and defaults). SGLang's fields that the engine does
+    not implement (`UNSUPPORTED_SAMPLING`) are accepted at their neutral value only; null means a
+    field's default, as in SGLang. A grammar (`regex`, `json_schema`, `ebnf`: at most one) restricts
+    every sampled token to those that keep the output a prefix of a match (`embedded/grammar.py`)."""
 
     max_new_tokens: int = Field(128, ge=0, description="Cap on generated tokens (clamped to the context).")
     temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 0 = greedy.")
@@ -39,16 +103,39 @@ class SamplingParams(Strict):
     n: int = Field(1, ge=1, description="Samples per prompt; they share the prompt's prefill.")
     stop: str | list[str] | None = Field(None, description="Stop strings (need a tokenizer).")
     stop_token_ids: list[int] | None = Field(None, description="Token ids that end generation.")
+    stop_regex: str | list[str] | None = Field(
+        None, description="Regular expressions that end generation when the output text matches one."
+    )
     ignore_eos: bool = Field(False, description="Do not stop at the model's EOS token.")
     skip_special_tokens: bool = Field(True, description="Drop special tokens from the returned text.")
     spaces_between_special_tokens: bool = Field(True, description="Accepted for compatibility.")
     no_stop_trim: bool = Field(False, description="Keep the matched stop string in the returned text.")
     sampling_seed: int | None = Field(None, description="Seed of this request's own generator.")
-    # SGLang fields the embedded engine does not implement: only their neutral value is accepted.
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_new_tokens: int = 0
+    regex: str | None = Field(None, description="Constrain the output to this regular expression.")
+    json_schema: str | dict[str, Any] | None = Field(
+        None, description="Constrain the output to JSON valid under this schema (a JSON string or object)."
+    )
+    ebnf: str | None = Field(None, description="Constrain the output to this grammar (GBNF or Lark).")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Added to the logits of these token ids (keys: ids as strings, as in OpenAI)."
+    )
+    stream_interval: int | None = Field(
+        None, ge=1, description="Streaming: one chunk every this many tokens (default 1)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sglang_fields(cls, data: Any) -> Any:
+        data = check_fields(data, UNSUPPORTED_SAMPLING, frozenset(), "")
+        if isinstance(data, dict):  # null means the default, as in SGLang; an empty grammar means none
+            fields = cls.model_fields
+            data = {
+                k: v
+                for k, v in data.items()
+                if not (v is None and k in fields and fields[k].default is not None)
+            }
+            data = {k: (None if k in GRAMMARS and v == "" else v) for k, v in data.items()}
+        return data
 
     @field_validator("top_k")
     @classmethod
@@ -57,19 +144,19 @@ class SamplingParams(Strict):
             raise ValueError("top_k must be -1 (off) or at least 1")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys are token ids; got {key!r}")
+        return v
+
     @model_validator(mode="after")
-    def _unsupported(self) -> SamplingParams:
-        neutral = {
-            "frequency_penalty": 0.0,
-            "presence_penalty": 0.0,
-            "repetition_penalty": 1.0,
-            "min_new_tokens": 0,
-        }
-        for name, value in neutral.items():
-            if getattr(self, name) != value:
-                raise ValueError(
-                    f"{name}={getattr(self, name)} is not supported by this engine; leave it at {value}"
-                )
+    def _one_grammar(self) -> SamplingParams:
+        given = [g for g in GRAMMARS if getattr(self, g) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of regex, json_schema and ebnf; got {', '.join(given)}")
         return self
 
     @property
@@ -78,9 +165,56 @@ class SamplingParams(Strict):
             return []
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
+    @property
+    def stop_regexes(self) -> list[str]:
+        if self.stop_regex is None:
+            return []
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else [s for s in self.stop_regex if s]
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, text) of the output constraint, or None for free generation."""
+        for kind in GRAMMARS:
+            value = getattr(self, kind)
+            if value is not None:
+                return kind, value if isinstance(value, str) else json.dumps(value)
+        return None
+
+
+# SGLang `GenerateReqInput` fields the embedded engine does not implement: only their neutral value
+# passes (the media fields: send `multimodal_inputs`, Relax's tensors, instead).
+UNSUPPORTED_GENERATE = {
+    "input_embeds": None, "image_data": None, "video_data": None, "audio_data": None, "mm_hashes": None,
+    "mm_content_hashes": None, "use_audio_in_video": False, "video_config": None, "modalities": None,
+    "mm_processor_kwargs": None, "watermark": None, "token_ids_logprob": None, "return_sampling_mask": False,
+    "sampling_logprobs_mode": None, "return_flat_raw_top_logprobs": False,
+    "return_flat_raw_output_top_logprobs": False, "return_flat_raw_top_logprobs_b64": False,
+    "return_hidden_states": False, "return_routed_experts": False, "routed_experts_start_len": 0,
+    "return_indexer_topk": False, "return_bytes": False, "return_entropy": False,
+    "return_prompt_token_ids": False, "session_params": None, "lora_path": None, "lora_id": None,
+    "custom_logit_processor": None, "positional_embed_overrides": None, "bootstrap_host": None,
+    "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None, "decode_tp_size": None,
+    "routed_dp_rank": None, "data_parallel_rank": None, "disagg_prefill_dp_rank": None, "kv_router_hint": None,
+    "kv_hints": None, "background": False, "require_reasoning": False, "max_thinking_tokens": None,
+    "priority": None, "need_wait_for_mm_inputs": None, "num_items_assigned": None, "encoder_urls": None,
+    "max_dynamic_patch": None, "min_dynamic_patch": None, "image_max_dynamic_patch": None,
+    "video_max_dynamic_patch": None, "images_config": None, "multi_item_delimiter_indices": None,
+    "token_indices_to_pool": None,
+}  # fmt: skip
+# Bookkeeping fields of `GenerateReqInput` (metrics, logging, routing and cache keys, tracing): any value
+# is accepted; none changes what is generated (the engine has no prefix cache to key).
+IGNORED_GENERATE = frozenset(
+    {
+        "log_metrics", "no_logs", "custom_labels", "external_trace_header", "received_time",
+        "session_id", "conversation_id", "routing_key", "extra_key", "cache_salt", "http_worker_ipc",
+    }
+)  # fmt: skip
+
 
 class GenerateRequest(Strict):
-    """Body of `POST /generate` (SGLang `GenerateReqInput`, the fields RL uses)."""
+    """Body of `POST /generate` (SGLang `GenerateReqInput`): every SGLang field is accepted, those the
+    engine does not implement only at their neutral value (`UNSUPPORTED_GENERATE`, `IGNORED_GENERATE`);
+    any other field is a 400 naming it."""
 
     input_ids: list[int] | list[list[int]] | None = None
     text: str | list[str] | None = None
@@ -88,23 +222,27 @@ class GenerateRequest(Strict):
     return_logprob: bool | list[bool] | None = None
     rid: str | list[str] | None = None
     stream: bool = False
+    # -1 (or null): log-probs of the output only; k: of the prompt tokens from position k on too
     logprob_start_len: int | list[int] | None = None
-    top_logprobs_num: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None  # the k most likely tokens at each position
     return_text_in_logprobs: bool = False
     # Relax extension: each prompt's media tensors (pixel values, grids, audio features), safetensors
     # bytes in base64 (`relax.data.mm_codec`); a list for batched input (None for a text prompt).
     multimodal_inputs: str | list[str | None] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sglang_fields(cls, data: Any) -> Any:
+        return check_fields(data, UNSUPPORTED_GENERATE, IGNORED_GENERATE, "")
+
     @model_validator(mode="after")
     def _check(self) -> GenerateRequest:
-        if self.stream:
-            raise ValueError("stream=true is not supported by this engine")
         if (self.input_ids is None) == (self.text is None):
             raise ValueError("give exactly one of input_ids or text")
-        for name in ("top_logprobs_num",):
-            v = getattr(self, name)
-            if v not in (None, 0) and not (isinstance(v, list) and not any(v)):
-                raise ValueError(f"{name} is not supported by this engine")
+        if any(x is not None and x < -1 for x in _listed(self.logprob_start_len)):
+            raise ValueError("logprob_start_len must be -1 (output only) or a prompt position >= 0")
+        if any(x is not None and x < 0 for x in _listed(self.top_logprobs_num)):
+            raise ValueError("top_logprobs_num must be >= 0")
         return self
 
     @property
@@ -112,6 +250,10 @@ class GenerateRequest(Strict):
         if self.input_ids is not None:
             return bool(self.input_ids) and isinstance(self.input_ids[0], list)
         return isinstance(self.text, list)
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
 class AbortRequest(Strict):

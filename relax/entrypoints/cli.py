@@ -1,5 +1,5 @@
-"""The `relax` command line: train, eval, config, tiny-model, data, doctor, engine, export, status,
-examples; `relax --version`. `python -m relax` is the same command line."""
+"""The `relax` command line: train, eval, config, tiny-model, data, doctor, engine, agent, export,
+status, examples; `relax --version`. `python -m relax` is the same command line."""
 
 from __future__ import annotations
 
@@ -207,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.entrypoints.engine_cmd import add_engine_parser
 
     add_engine_parser(sub)
+    from relax.entrypoints.agent_cmd import add_agent_parser
+
+    add_agent_parser(sub)
     from relax.entrypoints.export_cmd import add_export_parser
 
     add_export_parser(sub)

@@ -85,15 +85,16 @@ class InflightRequests:
         params: dict[str, Any],
         aborts: int = 0,
         multimodal_inputs: dict[str, Any] | None = None,
+        **client_kwargs: Any,
     ) -> list[Any]:
         """One request (`n` samples of one prompt, with its media tensors if any); waits while a weight
-        update is in progress."""
+        update is in progress. `client_kwargs` go to `EngineClient.generate` (streaming, top log-probs)."""
         await self._open.wait()
         rid = f"relax-{next(_rids)}"
         self.inflight[rid] = aborts
         try:
             media = {"multimodal_inputs": multimodal_inputs} if multimodal_inputs else {}
-            out = await self.router.generate(prompt_ids, params, rid=rid, **media)
+            out = await self.router.generate(prompt_ids, params, rid=rid, **media, **client_kwargs)
         finally:
             self.inflight.pop(rid, None)
             async with self._idle:

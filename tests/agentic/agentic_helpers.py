@@ -18,3 +18,23 @@ def agent_config(model_dir, **agent) -> RelaxConfig:
         data={"train_files": ["unused.jsonl"]},
         rollout=rollout,
     )
+
+
+async def run_external(cfg: RelaxConfig, tokenizer, url: str, prompt: str = "What is 3+4?"):
+    """One prompt's samples through the rollout loop with an external agent; (samples, the agent rollout)."""
+    from relax.agentic.rollout import agent_factory
+    from relax.data.dataset import PromptRow
+    from relax.rewards import build_scorer
+    from relax.rollout.loop import RolloutLoop
+    from relax.rollout.router import Router
+
+    router = Router([url], timeout_s=300)
+    loop = RolloutLoop(cfg, tokenizer, router, build_scorer(cfg.reward), agent_factory(cfg, tokenizer))
+    try:
+        samples, _ = await loop.generate(
+            [PromptRow(0, prompt, label="7")], 0, loop.sampling_params(), loop.scorer
+        )
+        return samples, loop.agent.impl
+    finally:
+        await loop.agent.close()
+        await router.close()

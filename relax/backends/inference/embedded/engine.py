@@ -32,9 +32,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from relax.backends.inference.embedded.grammar import Grammar, GrammarCompiler
+from relax.backends.inference.embedded.prompt_logprobs import PromptLogprobs, prompt_logprobs
 from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.scheduler import Scheduler
-from relax.backends.inference.embedded.sequence import GenerationResult, RequestGroup
+from relax.backends.inference.embedded.sequence import GenerationResult, OnToken, RequestGroup
 from relax.engine_api.protocol import SamplingParams
 from relax.weights.ipc import FLAT
 
@@ -112,6 +114,7 @@ class EmbeddedEngine:
         self._totals = {"generated": 0, "prompt": 0, "requests": 0}
         self._groups: dict[str, Any] = {}  # weight-sync groups by name
         self._held: list[tuple[str, Tensor]] = []  # buckets of a push in progress, received while generating
+        self.grammars = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.runner.eos_token_ids)
 
     @property
     def tokenizer(self) -> Any:
@@ -222,12 +225,20 @@ class EmbeddedEngine:
         rid: str | None = None,
         return_logprob: bool = True,
         multimodal_inputs: dict[str, Tensor] | None = None,
+        *,
+        top_logprobs_num: int = 0,
+        on_token: OnToken | None = None,
+        grammar: Grammar | None = None,
     ) -> Future:
         """Queue one prompt; the future resolves with its n `GenerationResult`s. Raises `ValueError` on a
         request the engine cannot serve. `multimodal_inputs` are the prompt's media tensors (forward
-        kwargs of a multimodal model, as `relax.data.multimodal` makes them)."""
+        kwargs of a multimodal model, as `relax.data.multimodal` makes them). `top_logprobs_num`: report
+        the k most likely tokens at each position; `on_token`: streaming (`sequence.py`); `grammar`: the
+        request's constraint compiled beforehand (`compile_grammar`; else compiled here)."""
         params = params if isinstance(params, SamplingParams) else SamplingParams(**(params or {}))
         self.validate(input_ids, params, multimodal_inputs)
+        if grammar is None and params.grammar is not None:
+            grammar = self.compile_grammar(params)
         group = RequestGroup(
             rid=rid or uuid.uuid4().hex,
             prompt=list(map(int, input_ids)),
@@ -239,6 +250,10 @@ class EmbeddedEngine:
             stop_ids=self._stop_ids(params),
             max_context_len=self.max_context_len,
             multimodal_inputs=multimodal_inputs or None,
+            top_logprobs_num=top_logprobs_num,
+            grammar=grammar,
+            logit_bias={int(k): float(v) for k, v in (params.logit_bias or {}).items()},
+            on_token=on_token,
         )
         group.make_sequences(self.runner.device)
         self._totals["requests"] += 1
@@ -272,12 +287,30 @@ class EmbeddedEngine:
             raise ValueError(
                 f"input_ids holds token ids outside the vocabulary [0, {self.runner.vocab_size}): {bad[:5]}"
             )
-        if params.stop_strings and self.tokenizer is None:
+        if (params.stop_strings or params.stop_regexes) and self.tokenizer is None:
             raise ValueError(
                 "stop strings need a tokenizer and this model folder has none; use stop_token_ids"
             )
+        bad = [k for k in params.logit_bias or {} if not 0 <= int(k) < self.runner.vocab_size]
+        if bad:
+            raise ValueError(
+                f"logit_bias names token ids outside the vocabulary [0, {self.runner.vocab_size}): {bad[:5]}"
+            )
         if multimodal_inputs:
             self.runner.check_multimodal(input_ids, multimodal_inputs)
+
+    def compile_grammar(self, params: SamplingParams) -> Grammar | None:
+        """The request's output constraint (None when it has none); ValueError for a bad one."""
+        if params.grammar is None:
+            return None
+        return self.grammars.compile(*params.grammar)
+
+    def prompt_logprobs(self, input_ids: list[int], start: int, top_k: int = 0) -> PromptLogprobs:
+        """Log-probs of the prompt's tokens from position `start` on (one forward pass over the prompt, on
+        the engine thread between two steps); see `prompt_logprobs.py`."""
+        if self.runner.multimodal and start < len(input_ids) - 1:
+            raise ValueError("logprob_start_len (prompt log-probs) is served for text-only models only")
+        return self._call(lambda: prompt_logprobs(self.runner, input_ids, start, top_k))
 
     def _stop_ids(self, params: SamplingParams) -> set[int]:
         ids = set(params.stop_token_ids or [])

@@ -20,6 +20,11 @@ the next step's inputs are gathered from its tokens in the new order. Admission,
 changes weights, the cache or the batch (`drain`), first wait for the step in flight. On the CPU a step
 computes as it is called, so there is nothing to overlap and steps run one at a time.
 
+Rows of constrained requests (a grammar or a logit bias) and of requests that want top log-probs are
+`special` (`logit_rows.py`): a batch that holds one runs its decode steps one at a time (the next grammar
+mask needs the token just sampled) and changes those rows' logits before sampling. A batch without one
+runs exactly as before.
+
 Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
 prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
 is ever preempted) and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from relax.backends.inference.embedded.logit_rows import LogitRows
 from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.sampling import (
     BatchSampler,
@@ -59,6 +65,7 @@ class DecodeBatch:
     length: int  # columns attended: max(pos_B) + 1
     delta_B: Tensor | None  # rotary position minus cache column (multimodal models), else None
     sampler: BatchSampler  # the rows' sampling parameters
+    special: LogitRows | None = None  # rows with grammars, logit biases or top log-probs; None: none
 
 
 @dataclass
@@ -134,7 +141,8 @@ class Scheduler:
         if self.waiting and self._admissible():
             generated += self.drain()
             generated += self._admit()
-        if not self.overlap:
+        if not self.overlap or self._has_special():
+            generated += self.drain()
             return generated + (self._decode() if self.running else 0)
         prev = self.inflight
         if self.running and not (prev is not None and all(s.ends_by_length_next() for s in prev.seqs)):
@@ -152,6 +160,12 @@ class Scheduler:
             return 0
         self.batch = None  # its inputs were the in-flight step's tokens
         return self._read_back(prev)
+
+    def _has_special(self) -> bool:
+        """A running row needs its logits changed or read (checked per row only when the batch changed)."""
+        if self.batch is not None:
+            return self.batch.special is not None
+        return any(s.special for s in self.running)
 
     def _plan(self) -> tuple[list[list[Sequence]], int]:
         """The prefill units to admit now and how many queue entries they use up (entries whose samples
@@ -213,11 +227,15 @@ class Scheduler:
         fresh = [k for k, s in enumerate(seqs) if not s.output_ids]  # retracted ones hold a next token
         if fresh:
             idx = torch.tensor([rows[k] for k in fresh], device=logits_UV.device)
-            tokens, logprobs = sample_tokens(
-                logits_UV.index_select(0, idx), [seqs[k].row for k in fresh], self.generator
-            )
-            for k, t, lp in zip(fresh, tokens, logprobs, strict=True):
-                seqs[k].append(t, lp)
+            firsts_FV = logits_UV.index_select(0, idx)
+            special = LogitRows.of([seqs[k] for k in fresh], self.runner.vocab_size, self.runner.device)
+            tops: list = [None] * len(fresh)
+            if special is not None:
+                firsts_FV = special.process(firsts_FV)
+                tops = special.top_logprobs(firsts_FV)
+            tokens, logprobs = sample_tokens(firsts_FV, [seqs[k].row for k in fresh], self.generator)
+            for k, t, lp, top in zip(fresh, tokens, logprobs, tops, strict=True):
+                seqs[k].append(t, lp, top)
         for s in seqs:
             self.running.append(s)
             self.reserved += self._reserve(s)
@@ -229,10 +247,18 @@ class Scheduler:
         running = self.running
         batch = self.batch if self.batch is not None else self._new_batch()
         logits_BV = self.runner.decode(batch.tokens_B, batch.pos_B, batch.length, batch.delta_B)
+        special = batch.special
+        if special is not None:
+            logits_BV = special.process(logits_BV)
         tokens_B, logp_B = batch.sampler.sample(logits_BV, self.generator)
         new_tokens, logprobs = to_lists(tokens_B, logp_B)
-        for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
-            s.append(t, lp)
+        if special is None:
+            for s, t, lp in zip(running, new_tokens, logprobs, strict=True):
+                s.append(t, lp)
+        else:
+            tops = special.top_logprobs(logits_BV)
+            for s, t, lp, top in zip(running, new_tokens, logprobs, tops, strict=True):
+                s.append(t, lp, top)
         batch.tokens_B, batch.pos_B, batch.length = tokens_B, batch.pos_B + 1, batch.length + 1
         self.batch = batch
         self._drop_finished()  # a row that leaves clears self.batch
@@ -294,7 +320,8 @@ class Scheduler:
         if self.runner.multimodal:
             delta_B = torch.tensor([s.group.rope_delta for s in running], dtype=torch.long).to(device)
         sampler = BatchSampler([s.row for s in running], device)
-        return DecodeBatch(tokens_B, pos_B, max(positions) + 1, delta_B, sampler)
+        special = LogitRows.of(running, self.runner.vocab_size, device)
+        return DecodeBatch(tokens_B, pos_B, max(positions) + 1, delta_B, sampler, special)
 
     # -- leaving the batch ----------------------------------------------------------------------
     def _drop_finished(self) -> None:

@@ -2,14 +2,21 @@
 `Sequence`s (one per sample), the finish rules, and the `GenerationResult` handed back.
 
 Finish rules, checked after each sampled token, in order: a stop token (EOS unless `ignore_eos`, or one of
-`stop_token_ids`; the token is kept in `output_ids`), a stop string (needs the tokenizer; the tokens are
-kept, the text is cut before the string unless `no_stop_trim`), `max_new_tokens`, the context length.
+`stop_token_ids`; the token is kept in `output_ids`), a stop string or stop regex (need the tokenizer; the
+tokens are kept, the text is cut before the match unless `no_stop_trim`), the end of the request's
+grammar (a constrained request whose grammar admits no further token), `max_new_tokens`, the context
+length.
+
+A request that streams gets `on_token(sample index, token, log-prob, top log-probs)` after each token,
+on the engine thread (the callback must only hand the values on).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,12 +45,20 @@ class GenerationResult:
     # (more than one when the weights changed while it ran: an update during a pause `in_place`)
     weight_versions: list[str] = field(default_factory=list)
     weight_version_starts: list[int] = field(default_factory=list)
+    # the `top_logprobs_num` most likely tokens at each output position: [(log-prob, token id), ...]
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+
+
+TopLogprobs = list[tuple[float, int]]  # the k most likely tokens at one position: (log-prob, token id)
+OnToken = Callable[[int, int, float, "TopLogprobs | None"], None]
 
 
 class Sequence:
     """One sample being generated. The cache holds prompt + outputs[:-1]; outputs[-1] is the next input."""
 
-    def __init__(self, group: RequestGroup, index: int, generator: torch.Generator | None) -> None:
+    def __init__(
+        self, group: RequestGroup, index: int, generator: torch.Generator | None, matcher: Any = None
+    ) -> None:
         self.group = group
         self.index = index
         self.rid = group.rid if group.params.n == 1 else f"{group.rid}-{index}"
@@ -55,6 +70,12 @@ class Sequence:
         self.logprobs: list[float] = []
         self.finish: dict[str, Any] | None = None
         self.versions: list[tuple[int, str]] = []  # (output index, version) from the first weight change
+        self.top_logprobs: list[TopLogprobs] = []  # filled when the request asks for top_logprobs_num
+        self.matcher = matcher  # the grammar's state (`grammar.py`) of a constrained request, else None
+        # rows that change their logits or want more than the sampled token's log-prob leave the
+        # decode loop's fast path (`logit_rows.py`)
+        self.special = matcher is not None or bool(group.logit_bias) or group.top_logprobs_num > 0
+        self._extra = self.special or bool(group.params.stop_regexes) or group.on_token is not None
 
     def note_version(self, old: str, new: str) -> None:
         """The weights changed from `old` to `new` after this sequence's tokens so far (the next token is
@@ -78,7 +99,10 @@ class Sequence:
     def prefill_ids(self) -> list[int]:
         return self.group.prompt + self.output_ids[:-1]
 
-    def append(self, token: int, logprob: float) -> None:
+    def append(self, token: int, logprob: float, top: TopLogprobs | None = None) -> None:
+        if self._extra:  # top log-probs, a grammar, stop regexes or streaming: off the common path
+            self._append_extra(token, logprob, top)
+            return
         out = self.output_ids
         out.append(token)
         self.logprobs.append(logprob)
@@ -92,10 +116,47 @@ class Sequence:
         elif len(out) >= self._room:
             self.finish = {"type": "length", "length": len(out)}
 
+    def _append_extra(self, token: int, logprob: float, top: TopLogprobs | None) -> None:
+        out = self.output_ids
+        out.append(token)
+        self.logprobs.append(logprob)
+        g = self.group
+        if g.top_logprobs_num > 0:
+            self.top_logprobs.append(top or [])
+        grammar_done = False
+        if self.matcher is not None:
+            if not self.matcher.consume_token(token):
+                self.finish = {"type": "abort", "message": f"grammar: {self.matcher.get_error()}"}
+                return
+            grammar_done = self.matcher.is_stopped()
+        if token in g.stop_ids:
+            self.finish = {"type": "stop", "matched": token}
+        elif g.stop_strings and (matched := self._matched_stop_string()) is not None:
+            self.finish = {"type": "stop", "matched": matched}
+        elif g.stop_regexes and (matched := self._matched_stop_regex()) is not None:
+            self.finish = {"type": "stop", "matched": matched}
+        elif grammar_done:
+            self.finish = {"type": "stop", "matched": token}
+        elif len(out) >= self._max_new:
+            self.finish = {"type": "length", "length": self._max_new}
+        elif len(out) >= self._room:
+            self.finish = {"type": "length", "length": len(out)}
+        if g.on_token is not None:
+            g.on_token(self.index, token, logprob, top)
+
     def _matched_stop_string(self) -> str | None:
         window = self.output_ids[-self.group.stop_window :]
         text = self.group.tokenizer.decode(window, skip_special_tokens=False)
         return next((s for s in self.group.stop_strings if s in text), None)
+
+    def _matched_stop_regex(self) -> str | None:
+        """The first stop regex found in the output text (decoded whole: a regex has no bounded length;
+        only requests that give one pay for it)."""
+        text = self.group.tokenizer.decode(self.output_ids, skip_special_tokens=False)
+        for pattern in self.group.stop_regexes:
+            if (m := pattern.search(text)) is not None:
+                return m.group(0)
+        return None
 
     def abort(self, message: str) -> None:
         if self.finish is None:
@@ -116,6 +177,10 @@ class RequestGroup:
     # media tensors of the prompt (forward kwargs of a multimodal model), None for text
     multimodal_inputs: dict[str, Any] | None = None
     rope_delta: int = 0  # rotary position minus cache column past the prompt (set by a multimodal prefill)
+    top_logprobs_num: int = 0  # report the k most likely tokens at each output position
+    grammar: Any = None  # the compiled output constraint (`grammar.Grammar`), None for free generation
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    on_token: OnToken | None = None  # streaming: called after each token (see the module docstring)
     future: Future = field(default_factory=Future)
     created: float = field(default_factory=time.monotonic)
     seqs: list[Sequence] = field(default_factory=list)
@@ -123,6 +188,7 @@ class RequestGroup:
     def __post_init__(self) -> None:
         self.stop_strings = self.params.stop_strings
         self.stop_window = max((len(s) for s in self.stop_strings), default=0) + 4  # tokens decoded per check
+        self.stop_regexes = [re.compile(p) for p in self.params.stop_regexes]
 
     def make_sequences(self, device: torch.device) -> list[Sequence]:
         """The n samples. Sample j of a seeded request uses its own generator, seed `sampling_seed + j`;
@@ -132,7 +198,8 @@ class RequestGroup:
             gen = None
             if p.temperature > 0 and p.sampling_seed is not None:
                 gen = make_generator(p.sampling_seed + j, device)
-            self.seqs.append(Sequence(self, j, gen))
+            matcher = self.grammar.matcher() if self.grammar is not None else None
+            self.seqs.append(Sequence(self, j, gen, matcher))
         return self.seqs
 
     def done(self) -> bool:
@@ -151,7 +218,7 @@ class RequestGroup:
         if self.tokenizer is not None:
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=self.params.skip_special_tokens)
             matched = seq.finish.get("matched") if seq.finish else None
-            if isinstance(matched, str) and not self.params.no_stop_trim and matched in text:
+            if isinstance(matched, str) and matched and not self.params.no_stop_trim and matched in text:
                 text = text[: text.index(matched)]
         return GenerationResult(
             rid=seq.rid,
@@ -164,4 +231,5 @@ class RequestGroup:
             e2e_latency=latency,
             weight_versions=[v for _, v in seq.versions] or [weight_version],
             weight_version_starts=[i for i, _ in seq.versions] or [0],
+            output_top_logprobs=list(seq.top_logprobs),
         )

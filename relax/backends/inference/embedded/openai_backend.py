@@ -1,0 +1,105 @@
+"""The embedded engine as an `OpenAIBackend`: chat prompts from the model folder's chat template (tools
+listed as the template writes them), generation through `EmbeddedEngine.submit` (n samples sharing one
+prefill, streaming through its per-token callback), the engine's refusals as OpenAI 400s."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.engine_api.openai.backend import ChatPrompt, Choice, OnTokens
+from relax.engine_api.openai.errors import OpenAIError
+from relax.engine_api.openai.messages import template_messages
+from relax.engine_api.protocol import SamplingParams
+
+
+class EngineOpenAIBackend:
+    max_n: int | None = None
+    n_refusal = ""
+
+    def __init__(self, engine: EmbeddedEngine, model_name: str | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name or Path(engine.runner.model_path).name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def _need_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise OpenAIError("this model folder has no tokenizer; the OpenAI routes need one", 400)
+        return self.tokenizer
+
+    async def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> ChatPrompt:
+        tok = self._need_tokenizer()
+        if getattr(tok, "chat_template", None) is None:
+            raise OpenAIError(
+                "the model folder's tokenizer has no chat template; use /v1/completions", 400, "messages"
+            )
+        try:
+            text = tok.apply_chat_template(template_messages(messages), tools=tools or None, tokenize=False,
+                                           add_generation_prompt=True)  # fmt: skip
+        except OpenAIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the template's own complaint (e.g. roles out of order)
+            raise OpenAIError(f"the chat template cannot render these messages: {e}", 400, "messages") from e
+        return ChatPrompt(list(tok.encode(text, add_special_tokens=False)))
+
+    def text_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self._need_tokenizer().encode(prompt))
+        return list(prompt)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: dict[str, Any],
+        *,
+        top_logprobs: int = 0,
+        on_tokens: OnTokens | None = None,
+    ) -> list[Choice]:
+        rid = f"oai-{uuid.uuid4().hex}"
+        try:
+            sp = SamplingParams(**{"max_new_tokens": self.engine.max_context_len, **params})
+            grammar = await asyncio.to_thread(self.engine.compile_grammar, sp)
+            on_token = None
+            if on_tokens is not None:
+                on_token = lambda j, t, lp, top: on_tokens(j, [t], [lp], [top])  # noqa: E731
+            future = self.engine.submit(prompt_ids, sp, rid=rid, top_logprobs_num=top_logprobs,
+                                        on_token=on_token, grammar=grammar)  # fmt: skip
+        except ValidationError as e:
+            raise OpenAIError(f"invalid sampling parameters: {e.errors()[0].get('msg')}", 400) from e
+        except ValueError as e:
+            raise OpenAIError(str(e), 400) from e
+        except RuntimeError as e:
+            raise OpenAIError(str(e), 503) from e
+        try:
+            results = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:  # the client went away
+            await asyncio.to_thread(self.engine.abort, rid)
+            raise
+        except RuntimeError as e:
+            raise OpenAIError(str(e), 503) from e
+        return [
+            Choice(
+                r.output_ids,
+                r.output_logprobs,
+                r.finish_reason.get("type", "stop"),
+                r.text,
+                r.output_top_logprobs,
+            )
+            for r in results
+        ]
+
+    async def record(self, prompt: ChatPrompt, choices: list[Choice], replies: list[dict[str, Any]]) -> None:
+        return None
+
+    def tool_call_id(self, prompt: ChatPrompt, k: int) -> str:
+        return f"call_{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,94 @@
+"""`/generate`'s answers in SGLang's shape: one item per sample, `{"text", "output_ids", "meta_info"}`,
+with the log-prob fields a request asked for (`[log-prob, token id, text | None]` triples; text only with
+`return_text_in_logprobs`), finished or (streaming) so far."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax.backends.inference.embedded.grammar import Grammar
+from relax.backends.inference.embedded.prompt_logprobs import PromptLogprobs
+from relax.backends.inference.embedded.sequence import GenerationResult
+from relax.engine_api.protocol import SamplingParams
+
+
+@dataclass
+class Job:
+    """One prompt of a `/generate` request, validated and ready to submit."""
+
+    prompt: list[int]
+    params: SamplingParams
+    rid: str
+    return_logprob: bool
+    logprob_start: int  # first prompt position whose log-prob is reported
+    top_k: int  # top_logprobs_num
+    media: dict[str, Any] | None
+    grammar: Grammar | None
+    prompt_logprobs: PromptLogprobs | None = None  # filled before submission when asked for
+
+
+@dataclass
+class Partial:
+    """A streaming sample so far."""
+
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[Any] = field(default_factory=list)
+    emitted: int = 0  # tokens already reported in a chunk
+
+
+def triples(pairs: list[tuple[float | None, int]], tokenizer: Any) -> list[list[Any]]:
+    return [[lp, t, tokenizer.decode([t]) if tokenizer is not None else None] for lp, t in pairs]
+
+
+def logprob_fields(job: Job, ids: list[int], lps: list[float], tops: list[Any], tokenizer: Any) -> dict:
+    """The meta_info log-prob fields of a sample (`tokenizer`: None unless return_text_in_logprobs)."""
+    if not job.return_logprob:
+        return {}
+    pl = job.prompt_logprobs
+    if pl is None:  # the default start: the last prompt token only, which has no log-prob
+        pl = PromptLogprobs([job.prompt[-1]], [None], [None] if job.top_k else [])
+    out: dict[str, Any] = {
+        "input_token_logprobs": triples(list(zip(pl.logprobs, pl.tokens, strict=True)), tokenizer),
+        "output_token_logprobs": triples(list(zip(lps, ids, strict=True)), tokenizer),
+    }
+    if job.top_k > 0:
+        out["input_top_logprobs"] = [None if t is None else triples(t, tokenizer) for t in pl.top]
+        out["output_top_logprobs"] = [triples(t or [], tokenizer) for t in tops]
+    return out
+
+
+def final_item(r: GenerationResult, job: Job, tokenizer: Any, text_in_logprobs: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": r.rid,
+        "finish_reason": r.finish_reason,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": len(r.output_ids),
+        "cached_tokens": 0,
+        "weight_version": r.weight_version,
+        "e2e_latency": r.e2e_latency,
+    }
+    if len(r.weight_versions) > 1:  # Relax's extension: the weights changed while the sample ran
+        meta["weight_versions"] = r.weight_versions
+        meta["weight_version_starts"] = r.weight_version_starts
+    tok = tokenizer if text_in_logprobs else None
+    meta.update(logprob_fields(job, r.output_ids, r.output_logprobs, r.output_top_logprobs, tok))
+    return {"text": r.text, "output_ids": r.output_ids, "meta_info": meta}
+
+
+def partial_item(
+    p: Partial, job: Job, rid: str, text: str, tokenizer: Any, text_in_logprobs: bool, weight_version: str
+) -> dict[str, Any]:
+    """A streaming chunk: the sample's text and tokens so far (cumulative, as SGLang streams them)."""
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": None,
+        "prompt_tokens": len(job.prompt),
+        "completion_tokens": len(p.output_ids),
+        "cached_tokens": 0,
+        "weight_version": weight_version,
+    }
+    tok = tokenizer if text_in_logprobs else None
+    meta.update(logprob_fields(job, p.output_ids, p.logprobs, p.top, tok))
+    return {"text": text, "output_ids": list(p.output_ids), "meta_info": meta}

@@ -1,0 +1,80 @@
+"""OpenAI response bodies: assistant messages (content and Qwen-format tool calls, `content: null` beside
+tool calls), finish reasons, log-probs in chat and legacy shapes, usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax.engine_api.openai.backend import ChatPrompt, Choice, OpenAIBackend
+from relax.engine_api.openai.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls
+
+
+def assistant_message(
+    text: str, parse_tools: bool, backend: OpenAIBackend, prompt: ChatPrompt
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(message, its tool calls). A call that cannot be parsed stays in the content as the model wrote it."""
+    if not parse_tools:
+        return {"role": "assistant", "content": text}, []
+    parsed = parse_tool_calls(text)
+    content, calls = parsed.content, []
+    for c in parsed.tool_calls:
+        if c.ok:
+            c.id = backend.tool_call_id(prompt, len(calls))
+            calls.append(c.to_openai())
+        else:
+            content = (content + f"\n{TOOL_CALL_OPEN}{c.raw}{TOOL_CALL_CLOSE}").strip()
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    return message, calls
+
+
+def finish_reason(choice: Choice, calls: list[Any]) -> str:
+    if calls:
+        return "tool_calls"
+    return "length" if choice.finish_reason == "length" else "stop"
+
+
+def _token(tokenizer: Any, t: int) -> str:
+    return tokenizer.decode([t]) if tokenizer is not None else str(t)
+
+
+def chat_logprobs(ids: list[int], lps: list[float], tops: list[Any], tokenizer: Any, top_n: int) -> dict:
+    """`choices[i].logprobs` of a chat completion (or its chunk's share of tokens)."""
+    content = []
+    for k, (t, lp) in enumerate(zip(ids, lps, strict=True)):
+        tok = _token(tokenizer, t)
+        top = tops[k] if k < len(tops) and tops[k] else []
+        content.append({
+            "token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8")),
+            "top_logprobs": [
+                {"token": (s := _token(tokenizer, i)), "logprob": v, "bytes": list(s.encode("utf-8"))}
+                for v, i in top[:top_n]
+            ],
+        })  # fmt: skip
+    return {"content": content}
+
+
+def completion_logprobs(
+    ids: list[int], lps: list[float], tops: list[Any], tokenizer: Any, offset: int = 0
+) -> dict:
+    """`choices[i].logprobs` of a legacy completion: tokens, their log-probs, top log-probs, text offsets."""
+    tokens = [_token(tokenizer, t) for t in ids]
+    offsets, pos = [], offset
+    for tok in tokens:
+        offsets.append(pos)
+        pos += len(tok)
+    top = [
+        {_token(tokenizer, i): v for v, i in (tops[k] if k < len(tops) and tops[k] else [])}
+        for k in range(len(ids))
+    ]
+    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": top, "text_offset": offsets}
+
+
+def usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, int]:
+    completion = sum(len(c.output_ids) for c in choices)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }

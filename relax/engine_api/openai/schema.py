@@ -1,0 +1,111 @@
+"""Request bodies of the OpenAI-compatible routes. Every documented OpenAI parameter is accepted: those
+served change what is generated; those not served (`UNSUPPORTED_*`) pass only at their neutral value
+(else a 400 naming the parameter); bookkeeping ones (`IGNORED`) may hold anything. A parameter OpenAI
+does not document is a 400 naming it (a typo never passes silently). SGLang's and vLLM's common
+extensions (`top_k`, `min_p`, `regex`, `ebnf`, `json_schema`, `ignore_eos`, `stop_token_ids`,
+`skip_special_tokens`) are served too."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relax.engine_api.protocol import check_fields
+
+# Accepted with any value: they change nothing that is generated.
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "verbosity", "safety_identifier", "prompt_cache_key"})  # fmt: skip
+UNSUPPORTED_COMMON = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_tokens": 0,
+}
+UNSUPPORTED_CHAT = {
+    **UNSUPPORTED_COMMON,
+    "modalities": ["text"],
+    "audio": None,
+    "prediction": None,
+    "reasoning_effort": None,
+    "web_search_options": None,
+    "functions": None,
+    "function_call": None,
+    "continue_final_message": False,
+    "chat_template_kwargs": None,
+}
+UNSUPPORTED_COMPLETION = {**UNSUPPORTED_COMMON, "echo": False, "suffix": None, "best_of": 1}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class Sampling(BaseModel):
+    """Parameters chat and legacy completions share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=128)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_fields(cls, data: Any) -> Any:
+        return check_fields(data, UNSUPPORTED_CHAT, IGNORED, "")
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for legacy completions
+    logprobs: int | None = Field(None, ge=0, le=20)  # top log-probs per token (0: the chosen token's only)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_fields(cls, data: Any) -> Any:
+        return check_fields(data, UNSUPPORTED_COMPLETION, IGNORED, "")
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [p]  # one prompt of token ids
+        return list(p)

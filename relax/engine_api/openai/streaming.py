@@ -1,0 +1,67 @@
+"""Token-by-token streaming of chat and legacy completions: each choice's text is released as the engine
+samples it (`IncrementalText`: never a partial character or the start of a stop string). When tool calls
+are parsed, text from the first `<tool_call>` on is held back and the calls are sent, whole, once the
+choice ends (with content then `null`-safe: a choice that only calls tools streams no content)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax.engine_api.openai.tool_calls import TOOL_CALL_OPEN
+from relax.engine_api.streaming import IncrementalText
+
+
+class ChoiceStream:
+    """One choice's streamed content so far."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool, stop: list[str], parse_tools: bool) -> None:
+        self.text = IncrementalText(tokenizer, skip_special_tokens, stop)
+        self.parse_tools = parse_tools
+        self.pending = ""  # released by the engine text, not yet sent (a possible tool call's start)
+        self.sent = ""  # content sent
+        self.in_calls = False  # a tool call began: the rest is held for parsing
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.tops: list[Any] = []
+        self.started = False
+
+    def add(self, ids: list[int], lps: list[float], tops: list[Any]) -> str:
+        """New tokens; returns the content to send now."""
+        self.ids += ids
+        self.logprobs += lps
+        self.tops += tops
+        return self._release(self.text.add(ids))
+
+    def _release(self, delta: str) -> str:
+        if not self.parse_tools:
+            self.sent += delta
+            return delta
+        if self.in_calls:
+            return ""
+        self.pending += delta
+        at = self.pending.find(TOOL_CALL_OPEN)
+        if at >= 0:
+            self.in_calls = True
+            out, self.pending = self.pending[:at], ""
+        else:  # keep a tail that may still grow into "<tool_call>"
+            keep = next(
+                (
+                    k
+                    for k in range(len(TOOL_CALL_OPEN) - 1, 0, -1)
+                    if self.pending.endswith(TOOL_CALL_OPEN[:k])
+                ),
+                0,
+            )
+            out, self.pending = (
+                self.pending[: len(self.pending) - keep],
+                self.pending[len(self.pending) - keep :],
+            )
+        self.sent += out
+        return out
+
+    def finish(self, content: str | None) -> str:
+        """The content still to send given the choice's final content (after parsing)."""
+        final = content or ""
+        rest = final[len(self.sent) :] if final.startswith(self.sent) else ""
+        self.sent = final
+        return rest
