@@ -125,7 +125,8 @@ def main() -> None:
     from relax.algorithms.config import AlgorithmConfig
     from relax.algorithms.pipeline import make_policy_loss
     from relax.backends.inference.embedded.engine import EmbeddedEngine
-    from relax.backends.training.fsdp import FSDPWorker, merge_partials
+    from relax.backends.training.fsdp import FSDPWorker
+    from relax.backends.training.update import merge_partials
     from relax.config.schema import TrainerConfig
     from relax.data.batch import TrainBatch
     from relax.data.config import MediaConfig

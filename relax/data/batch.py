@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -53,6 +53,15 @@ class TrainBatch:
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    def subset(self, idx: list[int]) -> TrainBatch:
+        """The rows `idx` of this batch, in that order: every per-sample column, extras included."""
+
+        def pick(rows: list | None) -> list | None:
+            return None if rows is None else [rows[i] for i in idx]
+
+        columns = {f.name: pick(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}
+        return TrainBatch(**columns, extras={k: pick(v) for k, v in self.extras.items()})
 
     def seq_lens(self) -> list[int]:
         return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids, strict=True)]

@@ -16,7 +16,7 @@ import torch
 
 from relax.algorithms.pipeline import make_policy_loss, make_value_loss
 from relax.backends.training.critic_backend import TorchCritic
-from relax.backends.training.rank_group import TrainerGroup
+from relax.backends.training.rank_group import GroupCritic, TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import RelaxConfig
 from relax.config.modes import actor_fetches_ahead, overlaps_push, stages_in_process, sub_batch_groups
@@ -52,7 +52,7 @@ class ActorRole(PlaneClient):
         # fully_async: ActorFwd, Reference and Advantages fill their columns; else they run in process.
         self.in_process = stages_in_process(cfg)
         self.needs_reference = cfg.algorithm.needs_reference and self.in_process
-        self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
+        self.trainer = build_trainer(cfg, with_reference=self.needs_reference, with_critic=spec.needs_critic)
         self.num_ranks = cfg.trainer.num_ranks
         self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
         # fully_async: under `old_log_probs: rollout` there is no ActorFwd and pi_old is filled from the
@@ -62,12 +62,11 @@ class ActorRole(PlaneClient):
         if cfg.algorithm.needs_reference:
             self.train_columns.append(REF_LOG_PROBS)
         self.loss_fn = make_policy_loss(cfg.algorithm)
-        # PPO's critic trains alongside the actor, in process in colocate mode.
-        self.critic = None
+        # PPO's critic trains alongside the actor: in process beside the one-rank trainer, or on the FSDP
+        # ranks, sharded like the policy
+        self.critic: TorchCritic | GroupCritic | None = None
         if spec.needs_critic:
-            self.critic = TorchCritic(
-                cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps
-            )
+            self.critic = build_critic(cfg, self.trainer)
             self.value_loss_fn = make_value_loss(cfg.algorithm)
         t = cfg.trainer
         self.publisher = WeightPublisher(
@@ -296,8 +295,11 @@ def behaviour_log_probs(batch: TrainBatch) -> list[torch.Tensor]:
     return [torch.as_tensor(lp, dtype=torch.float32) for lp in batch.rollout_log_probs]
 
 
-def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | TrainerGroup:
-    """The in-process trainer for the 1-rank default; the FSDP rank group for fsdp, N ranks or LoRA."""
+def build_trainer(
+    cfg: RelaxConfig, with_reference: bool, with_critic: bool = False
+) -> TorchTrainer | TrainerGroup:
+    """The in-process trainer for the 1-rank default; the FSDP rank group for fsdp, N ranks or LoRA (its
+    ranks then also hold the critic when `with_critic`)."""
     kwargs = {
         "dtype": cfg.model.dtype,
         "total_steps": cfg.trainer.num_steps,
@@ -312,9 +314,19 @@ def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | Trai
             gpus_per_rank=cfg.resources.trainer_gpus,
             gpu_group=cfg.resources.gpu_group,
             cpus=cfg.resources.training_cpus,
+            with_critic=with_critic,
             **kwargs,
         )
     return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)
+
+
+def build_critic(cfg: RelaxConfig, trainer: TorchTrainer | TrainerGroup) -> TorchCritic | GroupCritic:
+    """PPO's critic, laid out like the policy: on the group's ranks (built with the group), or in process."""
+    if isinstance(trainer, TrainerGroup):
+        if trainer.critic is None:
+            raise RuntimeError("the trainer group was built without a critic; pass with_critic=True")
+        return trainer.critic
+    return TorchCritic(cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps)
 
 
 def _sync_mode(cfg: RelaxConfig) -> str:
@@ -332,7 +344,7 @@ def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
     kept = [(old, rollout, mask) for old, rollout, mask in rows if len(rollout) == len(old) and len(old)]
     if not kept:
         return {}
-    # one tensor op over the batch: per-sample tensors cost ~2 ms a step of 128 samples, on the update's path
+    # one tensor op over the batch, not per-sample tensors: this runs on the update's path
     old = torch.cat([o.reshape(-1) for o, _, _ in kept]).float()
     rollout = torch.tensor([x for _, r, _ in kept for x in r], dtype=torch.float32)
     mask = torch.tensor([bool(m) for _, _, ms in kept for m in ms], dtype=torch.bool)

@@ -28,8 +28,8 @@ class RatioCheck:
     """max |pi_theta / pi_old - 1| and max |pi_theta / mu - 1| over the loss tokens of the first
     mini-batch ("first_mb"), taken from the training forward itself: every micro-batch of the first
     optimizer step runs on the weights before the update, so the ratio is exactly 1 when the run is
-    on-policy and pi_old came from these weights. It costs no extra forward pass (a separate one cost
-    0.13-0.46 s a step for a 0.5B model on an H200). Maxima stay on the device until `result`."""
+    on-policy and pi_old came from these weights. It costs no extra forward pass (docs/trainer.md). Maxima
+    stay on the device until `result`."""
 
     def __init__(self) -> None:
         self.dev_old: torch.Tensor | None = None

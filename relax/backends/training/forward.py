@@ -144,11 +144,47 @@ def _policy_forward_logits(
 
 
 def value_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
-    """Critic values [B, T] of the states that emit each response token (a `ValueHeadModel`)."""
-    values_BL = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+    """Critic values [B, T] of the states that emit each response token (a `ValueHeadModel`; its backbone
+    computes logits for one position only, the values come from the hidden states)."""
+    values_BL = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        logits_to_keep=1,
+    )
     return left_align(values_BL[:, -mb.T - 1 : -1].float(), mb.response_lens)
 
 
 def split_rows(x_BT: Tensor, mb: MicroBatch) -> dict[int, Tensor]:
-    """{batch row: its [R_b] slice on cpu} for a forward-only result."""
-    return {i: x_BT[row, : int(mb.response_lens[row])].detach().cpu() for row, i in enumerate(mb.index)}
+    """{batch row: its [R_b] slice on cpu} for a forward-only result: one device-to-host copy for the
+    micro-batch, then each row its own small tensor (a view would carry the whole block when pickled)."""
+    x_BT = x_BT.detach().cpu()
+    return {i: x_BT[row, : int(mb.response_lens[row])].clone() for row, i in enumerate(mb.index)}
+
+
+def forward_rows(
+    model: nn.Module,
+    batch: TrainBatch,
+    plan: list[list[int] | None],
+    device: torch.device,
+    what: str = "logp",
+    pack: str = "auto",
+) -> list[Tensor]:
+    """Forward-only pass of every row of `batch`: per-sample response log-probs (`what="logp"`), entropy
+    (`"entropy"`) or critic values (`"values"`), [N][R_i] on cpu. `plan` lists the micro-batches (row
+    indices; None = a one-token dummy that keeps FSDP ranks in lockstep). The trainers, the critic, the
+    reference and ActorFwd all run their forward-only passes through here."""
+    if what not in ("logp", "entropy", "values"):
+        raise ValueError(f"forward_rows: unknown output {what!r}; use logp, entropy or values")
+    out: list[Tensor] = [torch.empty(0)] * len(batch)
+    with torch.no_grad():
+        for idx in plan:
+            mb = build_micro_batch(batch if idx is not None else None, idx or [], device)
+            if what == "values":
+                result = value_forward(model, mb)
+            else:
+                logp, ent = policy_forward(model, mb, with_entropy=what == "entropy", pack=pack)
+                result = ent if what == "entropy" else logp
+            for i, row in split_rows(result, mb).items():
+                out[i] = row
+    return out

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from relax.backends.training.base import LossFn
-from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker, merge_partials
+from relax.backends.training.critic_backend import with_old_values
+from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker
+from relax.backends.training.update import merge_partials, mini_batch_indices
 from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch
 from relax.utils.cpu_affinity import with_cpu_affinity
@@ -42,45 +44,21 @@ def balance_by_tokens(lengths: list[int], num_ranks: int) -> list[list[int]]:
     return [sorted(s) for s in shards]
 
 
-def subset(batch: TrainBatch, idx: list[int]) -> TrainBatch:
-    """The rows `idx` of `batch` (every per-sample column, extras included)."""
-
-    def pick(rows: list | None) -> list | None:
-        return None if rows is None else [rows[i] for i in idx]
-
-    return TrainBatch(
-        prompt_ids=pick(batch.prompt_ids),
-        response_ids=pick(batch.response_ids),
-        loss_mask=pick(batch.loss_mask),
-        rollout_log_probs=pick(batch.rollout_log_probs),
-        rewards=pick(batch.rewards),
-        group_index=pick(batch.group_index),
-        weight_versions=pick(batch.weight_versions),
-        old_log_probs=pick(batch.old_log_probs),
-        ref_log_probs=pick(batch.ref_log_probs),
-        advantages=pick(batch.advantages),
-        returns=pick(batch.returns),
-        multimodal_inputs=pick(batch.multimodal_inputs),
-        extras={k: pick(v) for k, v in batch.extras.items()},
-    )
-
-
 class TrainerGroup:
     def __init__(
         self,
         model_path: str,
         cfg: TrainerConfig,
         *,
-        dtype: str = "float32",
-        total_steps: int = 1,
-        with_reference: bool = False,
-        reference_path: str | None = None,
-        seed: int = 0,
-        critic: bool = False,
         gpus_per_rank: float | None = None,
         gpu_group: str | None = None,
         cpus: str | None = None,
+        **options: Any,
     ) -> None:
+        """`options`: each rank's `FSDPWorker` options (dtype, total_steps, with_reference,
+        reference_path, seed, with_critic). `gpus_per_rank` (None = one GPU on a GPU cluster, else 0),
+        `gpu_group` (colocate: the named placement group shared with the engines), `cpus` (the training
+        CPU budget the ranks are pinned to) say where the ranks run."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -110,27 +88,20 @@ class TrainerGroup:
         if gpus and n > 1 and cfg.ranks_see_all_gpus:
             # Ray would narrow CUDA_VISIBLE_DEVICES to the rank's own GPU; NCCL then cannot use
             # peer-to-peer copies between ranks and goes through host memory (FSDP's gathers and
-            # reduce-scatters ran at ~12 GB/s on 2 H200s). The rank picks its GPU by index instead.
+            # reduce-scatters were slow: docs/gpus.md). The rank picks its GPU by index instead.
             for p in placement:
                 p["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
         self.ranks = [
             rank_cls.options(num_cpus=cfg.cpus_per_rank, num_gpus=gpus, **placement[r]).remote(
-                model_path,
-                cfg,
-                rank=r,
-                world_size=n,
-                dtype=dtype,
-                total_steps=total_steps,
-                with_reference=with_reference,
-                reference_path=reference_path,
-                seed=seed,
-                critic=critic,
+                model_path, cfg, rank=r, world_size=n, **options
             )
             for r in range(n)
         ]
         addr, port = ray.get(self.ranks[0].address.remote())
         self._call_all("setup", addr, port)
         self.step = 0  # the weight version of the current parameters (all ranks agree)
+        # PPO's critic, on the same ranks (FSDPWorker `with_critic`); the Actor uses it like a TorchCritic
+        self.critic = GroupCritic(self) if options.get("with_critic") else None
         logger.info("trainer group: %d FSDP ranks, rendezvous at %s:%d", n, addr, port)
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -149,7 +120,7 @@ class TrainerGroup:
 
     def _per_sample(self, method: str, batch: TrainBatch, **kwargs: Any) -> list[torch.Tensor]:
         shards = balance_by_tokens(batch.seq_lens(), len(self.ranks))
-        results = self._call_sharded(method, [subset(batch, s) for s in shards], **kwargs)
+        results = self._call_sharded(method, [batch.subset(s) for s in shards], **kwargs)
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
         for idx, rows in zip(shards, results, strict=True):
             for i, row in zip(idx, rows, strict=True):
@@ -168,19 +139,20 @@ class TrainerGroup:
 
     def train_batch(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
         """`num_mini_batches` optimizer steps (the same mini-batches as `TorchTrainer`), each split by tokens."""
-        if batch.advantages is None and batch.returns is None:
-            raise ValueError("train_batch needs batch.advantages (policy) or batch.returns (critic)")
-        m = self.cfg.num_mini_batches
-        minis = [list(range(len(batch)))[k::m] for k in range(m)]
-        per_rank: list[list[TrainBatch]] = [[] for _ in self.ranks]
-        for mini in minis:
-            for r, shard in enumerate(
-                balance_by_tokens([batch.seq_lens()[i] for i in mini], len(self.ranks))
-            ):
-                per_rank[r].append(subset(batch, [mini[j] for j in shard]))
-        partials = self._call_sharded("train_minibatches", per_rank, loss_fn)
+        if batch.advantages is None or batch.old_log_probs is None:
+            raise ValueError("train_batch needs batch.advantages and batch.old_log_probs filled in")
+        partials = self._call_sharded("train_minibatches", self._shard_minis(batch), loss_fn)
         self.step += 1
-        return merge_partials(partials)
+        return merge_partials(partials, "train")
+
+    def _shard_minis(self, batch: TrainBatch) -> list[list[TrainBatch]]:
+        """Per rank, its share of every mini-batch (balanced by tokens)."""
+        per_rank: list[list[TrainBatch]] = [[] for _ in self.ranks]
+        for mini in mini_batch_indices(len(batch), self.cfg.num_mini_batches):
+            lengths = [batch.seq_lens()[i] for i in mini]
+            for r, shard in enumerate(balance_by_tokens(lengths, len(self.ranks))):
+                per_rank[r].append(batch.subset([mini[j] for j in shard]))
+        return per_rank
 
     def named_weights(self, mode: str = "full") -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights under engine names, gathered on rank 0 and returned here (tests, disk sync)."""
@@ -223,6 +195,31 @@ class TrainerGroup:
         except Exception:  # noqa: BLE001 - a rank may already be dead; kill them anyway
             logger.exception("trainer group: clean shutdown failed")
         self.kill()
+
+
+class GroupCritic:
+    """The critic held by a `TrainerGroup`'s ranks, with `TorchCritic`'s methods (the Actor uses either)."""
+
+    def __init__(self, group: TrainerGroup) -> None:
+        self.group = group
+
+    def compute_values(self, batch: TrainBatch) -> list[torch.Tensor]:
+        return self.group._per_sample("compute_values", batch)
+
+    def train_values(
+        self, batch: TrainBatch, old_values: list[torch.Tensor], loss_fn: LossFn
+    ) -> dict[str, float]:
+        """`num_mini_batches` optimizer steps of the critic; metrics under `critic/`."""
+        if batch.returns is None:
+            raise ValueError("critic training needs batch.returns (from compute_advantages)")
+        minis = self.group._shard_minis(with_old_values(batch, old_values))
+        return merge_partials(self.group._call_sharded("train_critic", minis, loss_fn), "critic")
+
+    def save(self, path: Path | str) -> None:
+        """Nothing to do: the ranks save the critic with the policy, into its `critic/` folder."""
+
+    def load(self, path: Path | str) -> None:
+        """Nothing to do: the ranks restore the critic with the policy."""
 
 
 def _wants_gpu(cfg: TrainerConfig, ranks: int) -> bool:

@@ -11,11 +11,11 @@ from test_torch_backend import make_batch
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.training.export import export_checkpoint
 from relax.backends.training.rank_group import TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import load_config
 from relax.config.schema import LoraConfig, TrainerConfig
-from relax.backends.training.export import export_checkpoint
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj"])
 

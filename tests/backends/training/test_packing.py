@@ -1,6 +1,5 @@
 """Sequence packing (`packing.py`): a packed forward gives the padded forward's response log-probs,
-entropy and gradients, in both forward paths (the in-process trainer's right-padded one and the FSDP
-ranks' left-padded one), and `auto` packs only where it pays."""
+entropy and gradients (the one forward path every trainer uses), and `auto` packs only where it pays."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from test_torch_backend import make_batch
 
 from relax.backends.training import forward as fw
 from relax.backends.training.packing import DENSE_MAX_TOKENS, should_pack
-from relax.backends.training.torch_backend import response_log_probs
 from relax.models.multimodal_model import load_causal_lm
 from relax.models.tiny import write_tiny_model
 
@@ -44,15 +42,10 @@ def _compare(model, run):
         torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_packed_trainer_forward_matches_padded(model):
-    batch = make_batch(n=7, seed=3)  # prompts of 3-8 tokens, responses of 1-6
-    idx = [0, 2, 3, 4, 6]
-    _compare(model, lambda pack: response_log_probs(model, batch, idx, torch.device("cpu"), True, pack)[:2])
-
-
-def test_packed_fsdp_forward_matches_padded(model):
-    batch = make_batch(n=6, seed=4)
-    mb = fw.build_micro_batch(batch, [1, 2, 3, 5], torch.device("cpu"))
+@pytest.mark.parametrize(("n", "seed", "idx"), [(7, 3, [0, 2, 3, 4, 6]), (6, 4, [1, 2, 3, 5])])
+def test_packed_forward_matches_padded(model, n, seed, idx):
+    batch = make_batch(n=n, seed=seed)  # prompts of 3-8 tokens, responses of 1-6
+    mb = fw.build_micro_batch(batch, idx, torch.device("cpu"))
     _compare(model, lambda pack: fw.policy_forward(model, mb, with_entropy=True, pack=pack))
 
 
