@@ -62,6 +62,8 @@ class ActorRole(PlaneClient):
         if cfg.algorithm.needs_reference:
             self.train_columns.append(REF_LOG_PROBS)
         self.loss_fn = make_policy_loss(cfg.algorithm)
+        # pi_old from the update's own forward instead of a forward pass of its own (same weights)
+        self.pi_old_from_update = pi_old_from_update(cfg)
         # PPO's critic trains alongside the actor: in process beside the one-rank trainer, or on the FSDP
         # ranks, sharded like the policy
         self.critic: TorchCritic | GroupCritic | None = None
@@ -173,10 +175,11 @@ class ActorRole(PlaneClient):
                 poll_max_s=poll_max_s,
             )
             sub = batch_from_columns(data.columns)
-            with timer("old_log_probs", times):
-                if self.cfg.algorithm.pi_old_from_rollout:
+            if self.cfg.algorithm.pi_old_from_rollout:
+                with timer("old_log_probs", times):
                     columns[LOG_PROBS] += behaviour_log_probs(sub)
-                else:
+            elif not self.pi_old_from_update:
+                with timer("old_log_probs", times):
                     columns[LOG_PROBS] += await asyncio.to_thread(self.trainer.compute_log_probs, sub)
             if self.needs_reference:
                 with timer("ref_log_probs", times):
@@ -187,6 +190,8 @@ class ActorRole(PlaneClient):
                 columns[c] += data.columns[c]
         if not self.needs_reference:
             del columns[REF_LOG_PROBS]
+        if self.pi_old_from_update and not self.cfg.algorithm.pi_old_from_rollout:
+            del columns[LOG_PROBS]  # the update fills it
         if self.cfg.schedule.balance_data:
             order = [i for part in balance_partitions(columns["length"], self.num_ranks) for i in part]
             columns = {c: [v[i] for i in order] for c, v in columns.items()}
@@ -194,11 +199,15 @@ class ActorRole(PlaneClient):
 
     def train_sync(self, batch: TrainBatch, times: dict[str, float] | None = None) -> dict[str, float]:
         times = times if times is not None else {}
+        from_update = False  # pi_old taken from the update's own forward
         if batch.old_log_probs is None:  # a whole batch handed in (tests), or pi_old = behaviour policy
-            with timer("old_log_probs", times):
-                if self.cfg.algorithm.pi_old_from_rollout:
+            if self.cfg.algorithm.pi_old_from_rollout:
+                with timer("old_log_probs", times):
                     batch.old_log_probs = behaviour_log_probs(batch)
-                else:
+            elif self.pi_old_from_update:
+                from_update = True
+            else:
+                with timer("old_log_probs", times):
                     batch.old_log_probs = self.trainer.compute_log_probs(batch)
         if self.needs_reference and batch.ref_log_probs is None:
             with timer("ref_log_probs", times):
@@ -217,7 +226,7 @@ class ActorRole(PlaneClient):
         if self.cfg.schedule.debug_train_delay_s:
             time.sleep(self.cfg.schedule.debug_train_delay_s)
         with timer("update", times):
-            metrics.update(self.trainer.train_batch(batch, self.loss_fn))
+            metrics.update(self.trainer.train_batch(batch, self.loss_fn, pi_old_from_forward=from_update))
         if self.critic is not None:
             with timer("critic_update", times):
                 metrics.update(self.critic.train_values(batch, values, self.value_loss_fn))
@@ -288,6 +297,22 @@ class ActorRole(PlaneClient):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The current policy weights on CPU (for ActorFwd in fully_async mode)."""
         return {n: t.detach().cpu() for n, t in self.trainer.named_weights()}
+
+
+def pi_old_from_update(cfg: RelaxConfig) -> bool:
+    """Whether the Actor takes pi_old from the update's own forward (`trainer.pi_old_from_update`): only
+    where a separate forward pass would compute the same values, i.e. the Actor recomputes pi_old in
+    process (colocate, hybrid) right before one optimizer step on the whole batch, and nothing needs
+    pi_old before the update (reward-side KL and distillation advantages do)."""
+    algo, t = cfg.algorithm, cfg.trainer
+    needed_before = algo.reward_kl_coef > 0 or (algo.distill_coef > 0 and algo.distill_mode == "advantage")
+    return (
+        t.pi_old_from_update
+        and stages_in_process(cfg)
+        and not algo.pi_old_from_rollout
+        and t.num_mini_batches == 1
+        and not needed_before
+    )
 
 
 def behaviour_log_probs(batch: TrainBatch) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ import torch
 
 from relax.backends.training.forward import forward_rows
 from relax.backends.training.loading import DTYPES, load_model, resolve_device
+from relax.backends.training.memory import forward_tokens
 from relax.config import RelaxConfig
 from relax.config.modes import sub_batch_groups
 from relax.data.batch import TrainBatch, pack_micro_batches
@@ -108,7 +109,7 @@ class ActorFwdRole(PlaneClient):
                 weight_versions=[0] * len(data),
             )
             t = self.cfg.trainer
-            plan = pack_micro_batches(batch.seq_lens(), t.max_tokens_per_micro_batch)
+            plan = pack_micro_batches(batch.seq_lens(), forward_tokens(t, self.device))
             logp = await asyncio.to_thread(
                 forward_rows, self.model, batch, plan, self.device, "logp", t.pack_sequences
             )

@@ -18,7 +18,6 @@ engine and the rank. One process per GPU holding actor and critic is also verl's
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -35,9 +34,12 @@ from relax.backends.training import lora
 from relax.backends.training.base import LossFn, RatioCheck
 from relax.backends.training.forward import forward_rows
 from relax.backends.training.loading import DTYPES, layer_types, load_model, resolve_device
+from relax.backends.training.memory import check_static_fit, pending_update_bytes, plan_memory
+from relax.backends.training.profiling import StepProbe
 from relax.backends.training.update import (
     Totals,
     Trainable,
+    check_pi_old_from_forward,
     full,
     read_trainer_state,
     write_trainer_state,
@@ -78,7 +80,7 @@ class FSDPWorker:
         reference_path: str | None = None,
         seed: int = 0,
         with_critic: bool = False,
-        reshard_after_forward: bool = True,
+        reshard_after_forward: bool | None = None,
     ) -> None:
         """`with_critic`: also hold PPO's critic, sharded over the same ranks as the policy (the layout
         verl's users expect: one process per GPU holding actor and critic), trained with `train_critic`."""
@@ -86,9 +88,12 @@ class FSDPWorker:
         self.dtype, self.total_steps, self.with_reference = dtype, total_steps, with_reference
         self.reference_path = reference_path  # the reference/teacher folder; None = the policy's own
         self.seed, self.with_critic = seed, with_critic
-        # False keeps each layer's gathered (bf16) weights from forward to backward: no second gather,
-        # at the memory of one unsharded model copy (what one rank holds anyway, in fp32)
-        self.reshard_after_forward = reshard_after_forward
+        # False keeps each layer's gathered (bf16) weights from forward to backward: no second gather and
+        # cast, at the memory of one unsharded model copy. None: False on one rank (the "gather" is a
+        # local copy and cast, and the rank holds the whole model anyway), True on several.
+        self.reshard_after_forward = (
+            world_size > 1 if reshard_after_forward is None else reshard_after_forward
+        )
         self.step = 0  # training steps taken (num_mini_batches optimizer steps each) == the weight version
 
     # -- set-up ------------------------------------------------------------------------------
@@ -135,7 +140,27 @@ class FSDPWorker:
         if self.with_critic:  # a full-weight critic (no LoRA), trained beside the policy
             critic_model = self._build(trainable=True, value_head=True)
             self.critic = Trainable(critic_model, cfg, self.device, value=True, **kw)
+        if self.device.type == "cuda":  # the weights and optimizer states must fit at all, before step 1
+            trainable = sum(pending_update_bytes(t.optimizer) for t in self._trainables()) // 3
+            check_static_fit(trainable, torch.cuda.memory_allocated(self.device), self.device)
+        self.probe = StepProbe(self.rank, self.device)
         logger.info("FSDP rank %d/%d ready on %s", self.rank, self.world_size, self.device)
+
+    def _trainables(self) -> list[Trainable]:
+        return [self.policy] + ([self.critic] if self.critic is not None else [])
+
+    def _budget(self) -> int:
+        """The micro-batch token budget: planned for every model this rank trains at the first call on a
+        GPU, from the memory free then (the colocated engine holds its cache by now; `memory.py`)."""
+        if self.policy.tokens is None:
+            pending = sum(pending_update_bytes(t.optimizer) for t in self._trainables())
+            if not self.reshard_after_forward and self.mp_dtype is not None:  # the kept bf16 copy
+                pending += sum(p.numel() * 2 for t in self._trainables() for p in t.model.parameters())
+            compute = 2 if self.mp_dtype is not None else DTYPES[self.dtype].itemsize
+            plan = plan_memory(self.cfg, self.device, self.model, pending, compute)
+            for t in self._trainables():
+                t.apply(plan)
+        return int(self.policy.tokens)
 
     def _build(
         self, trainable: bool, path: str | None = None, value_head: bool = False, lora: bool = False
@@ -149,7 +174,10 @@ class FSDPWorker:
         mp = MixedPrecisionPolicy(param_dtype=self.mp_dtype, reduce_dtype=torch.float32)
         no_split = layer_types(model)
         layers = [m for m in model.modules() if type(m).__name__ in no_split]
-        if self.cfg.compile_layers:  # compile forward only: FSDP's hooks stay outside the graph
+        compile_on = self.cfg.compile_layers
+        if compile_on is None:  # auto: on a GPU the fused elementwise work is most of the gain left
+            compile_on = self.device.type == "cuda"
+        if compile_on:  # compile forward only: FSDP's hooks stay outside the graph
             compile_layers(layers)
         for layer in layers:
             fully_shard(layer, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
@@ -168,7 +196,7 @@ class FSDPWorker:
 
     def _plan(self, lengths: list[int]) -> list[list[int] | None]:
         """This rank's micro-batches, padded with `None` (dummy) to the longest list of any rank."""
-        local: list[list[int] | None] = list(pack_micro_batches(lengths, self.cfg.max_tokens_per_micro_batch))
+        local: list[list[int] | None] = list(pack_micro_batches(lengths, self._budget()))
         count = int(self._all_reduce([len(local)], dist.ReduceOp.MAX)[0])
         return local + [None] * (count - len(local))
 
@@ -183,19 +211,24 @@ class FSDPWorker:
         if reference and not self.with_reference:
             raise RuntimeError("reference log-probs requested but the trainer was built without a reference")
         plan = self._plan(batch.seq_lens())
-        if not reference:
-            return self.policy.forward_rows(batch, plan)
-        if self.ref_model is not None:
-            return forward_rows(self.ref_model, batch, plan, self.device, "logp", self.cfg.pack_sequences)
-        with self.model.disable_adapter():  # LoRA: the reference is the policy without its adapters
-            return self.policy.forward_rows(batch, plan)
+        with self.probe.forward(self.step + 1):
+            if not reference:
+                return self.policy.forward_rows(batch, plan)
+            if self.ref_model is not None:
+                return forward_rows(self.ref_model, batch, plan, self.device, "logp", self.cfg.pack_sequences)
+            with self.model.disable_adapter():  # LoRA: the reference is the policy without its adapters
+                return self.policy.forward_rows(batch, plan)
 
     def compute_entropy(self, batch: TrainBatch) -> list[Tensor]:
-        return self.policy.forward_rows(batch, self._plan(batch.seq_lens()), "entropy")
+        plan = self._plan(batch.seq_lens())
+        with self.probe.forward(self.step + 1):
+            return self.policy.forward_rows(batch, plan, "entropy")
 
     def compute_values(self, batch: TrainBatch) -> list[Tensor]:
         """Critic values of the states that emit each response token, [N][R_i]."""
-        return self._critic().forward_rows(batch, self._plan(batch.seq_lens()))
+        plan = self._plan(batch.seq_lens())
+        with self.probe.forward(self.step + 1):
+            return self._critic().forward_rows(batch, plan)
 
     def _critic(self) -> Trainable:
         if self.critic is None:
@@ -205,13 +238,22 @@ class FSDPWorker:
         return self.critic
 
     # -- training ----------------------------------------------------------------------------
-    def train_minibatches(self, minis: list[TrainBatch], loss_fn: LossFn) -> list[dict[str, Any]]:
+    def train_minibatches(
+        self, minis: list[TrainBatch], loss_fn: LossFn, pi_old_from_forward: bool = False
+    ) -> list[dict[str, Any]]:
         """One optimizer step of the policy per mini-batch (this rank's shard of it); returns per-step
-        partial metrics to be merged over ranks with `update.merge_partials`."""
+        partial metrics to be merged over ranks with `update.merge_partials` (`pi_old_from_forward`:
+        `update.Trainable.step`; the first partial then holds them)."""
         check = RatioCheck()
-        with self._profiled(self.step + 1):
-            out = self._steps(self.policy, minis, loss_fn, check)
+        check_pi_old_from_forward(pi_old_from_forward, len(minis))
+        with self.probe.update(self.step + 1):
+            out = self._steps(self.policy, minis, loss_fn, check, pi_old_from_forward)
         out[0]["ratio_check"] = check.result()
+        out[0]["rank_metrics"] = {
+            **self.probe.metrics(),
+            "perf/micro_batch_tokens": float(self._budget()),
+            "perf/activation_checkpointing": float(bool(self.policy.checkpointing)),
+        }
         self.step += 1
         return out
 
@@ -221,44 +263,22 @@ class FSDPWorker:
         return self._steps(self._critic(), minis, loss_fn, None)
 
     def _steps(
-        self, model: Trainable, minis: list[TrainBatch], loss_fn: LossFn, check: RatioCheck | None
+        self,
+        model: Trainable,
+        minis: list[TrainBatch],
+        loss_fn: LossFn,
+        check: RatioCheck | None,
+        pi_old_from_forward: bool = False,
     ) -> list[dict[str, Any]]:
         longest = max([max(m.response_lens(), default=1) for m in minis], default=1)
         max_len = int(self._all_reduce([longest], dist.ReduceOp.MAX)[0])
-        return [
-            model.step(
-                mini,
-                self._plan(mini.seq_lens()),
-                loss_fn,
-                self._totals(mini, max_len),
-                check if k == 0 else None,
+        out = []
+        for k, mini in enumerate(minis):
+            plan, totals = self._plan(mini.seq_lens()), self._totals(mini, max_len)
+            out.append(
+                model.step(mini, plan, loss_fn, totals, check if k == 0 else None, pi_old_from_forward)
             )
-            for k, mini in enumerate(minis)
-        ]
-
-    @contextlib.contextmanager
-    def _profiled(self, step: int) -> Iterator[None]:
-        """`RELAX_PROFILE_STEPS=3,7` (and `RELAX_PROFILE_DIR`, default `profiles`): run those training
-        steps under the torch profiler and write each rank's top operators to
-        `<dir>/train_step<N>_rank<R>.txt`."""
-        steps = {int(x) for x in os.environ.get("RELAX_PROFILE_STEPS", "").split(",") if x.strip()}
-        if step not in steps:
-            yield
-            return
-        from torch.profiler import ProfilerActivity, profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            yield
-        out = Path(os.environ.get("RELAX_PROFILE_DIR", "profiles"))
-        out.mkdir(parents=True, exist_ok=True)
-        sort = "cuda_time_total" if self.device.type == "cuda" else "cpu_time_total"
-        table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
-        if self.device.type == "cuda":
-            st = torch.cuda.memory_stats(self.device)
-            keys = ("num_alloc_retries", "num_ooms", "reserved_bytes.all.peak", "allocated_bytes.all.peak")
-            table += "\n" + " ".join(f"{k}={st.get(k, 0)}" for k in keys) + "\n"
-        (out / f"train_step{step}_rank{self.rank}.txt").write_text(table)
+        return out
 
     # -- weights -----------------------------------------------------------------------------
     def weight_stream(

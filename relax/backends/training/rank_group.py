@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from relax.backends.training.base import LossFn
+from relax.backends.training.base import LossFn, check_train_batch
 from relax.backends.training.critic_backend import with_old_values
 from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker
-from relax.backends.training.update import merge_partials, mini_batch_indices
+from relax.backends.training.update import gather_rows, merge_partials, mini_batch_indices
 from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch
 from relax.utils.cpu_affinity import with_cpu_affinity
@@ -137,22 +137,30 @@ class TrainerGroup:
     def compute_values(self, batch: TrainBatch) -> list[torch.Tensor]:
         return self._per_sample("compute_values", batch)
 
-    def train_batch(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-        """`num_mini_batches` optimizer steps (the same mini-batches as `TorchTrainer`), each split by tokens."""
-        if batch.advantages is None or batch.old_log_probs is None:
-            raise ValueError("train_batch needs batch.advantages and batch.old_log_probs filled in")
-        partials = self._call_sharded("train_minibatches", self._shard_minis(batch), loss_fn)
+    def train_batch(
+        self, batch: TrainBatch, loss_fn: LossFn, *, pi_old_from_forward: bool = False
+    ) -> dict[str, float]:
+        """`num_mini_batches` optimizer steps (the same mini-batches as `TorchTrainer`), each split by
+        tokens (`pi_old_from_forward`: `TrainingBackend.train_batch`)."""
+        check_train_batch(batch, pi_old_from_forward)
+        minis, rows = self._shard_minis(batch)
+        partials = self._call_sharded("train_minibatches", minis, loss_fn, pi_old_from_forward)
+        if pi_old_from_forward:  # one mini-batch: each rank's first partial holds its rows' pi_old
+            shards = [(r[0], p[0]["old_log_probs"]) for r, p in zip(rows, partials, strict=True)]
+            batch.old_log_probs = gather_rows(len(batch), shards)
         self.step += 1
         return merge_partials(partials, "train")
 
-    def _shard_minis(self, batch: TrainBatch) -> list[list[TrainBatch]]:
-        """Per rank, its share of every mini-batch (balanced by tokens)."""
+    def _shard_minis(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], list[list[list[int]]]]:
+        """Per rank, its share of every mini-batch (balanced by tokens), and the batch rows of each share."""
         per_rank: list[list[TrainBatch]] = [[] for _ in self.ranks]
+        rows: list[list[list[int]]] = [[] for _ in self.ranks]
+        seq_lens = batch.seq_lens()
         for mini in mini_batch_indices(len(batch), self.cfg.num_mini_batches):
-            lengths = [batch.seq_lens()[i] for i in mini]
-            for r, shard in enumerate(balance_by_tokens(lengths, len(self.ranks))):
-                per_rank[r].append(batch.subset([mini[j] for j in shard]))
-        return per_rank
+            for r, shard in enumerate(balance_by_tokens([seq_lens[i] for i in mini], len(self.ranks))):
+                rows[r].append([mini[j] for j in shard])
+                per_rank[r].append(batch.subset(rows[r][-1]))
+        return per_rank, rows
 
     def named_weights(self, mode: str = "full") -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights under engine names, gathered on rank 0 and returned here (tests, disk sync)."""
@@ -212,7 +220,7 @@ class GroupCritic:
         """`num_mini_batches` optimizer steps of the critic; metrics under `critic/`."""
         if batch.returns is None:
             raise ValueError("critic training needs batch.returns (from compute_advantages)")
-        minis = self.group._shard_minis(with_old_values(batch, old_values))
+        minis, _ = self.group._shard_minis(with_old_values(batch, old_values))
         return merge_partials(self.group._call_sharded("train_critic", minis, loss_fn), "critic")
 
     def save(self, path: Path | str) -> None:

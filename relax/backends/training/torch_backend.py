@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from relax.backends.training.base import LossFn
+from relax.backends.training.base import LossFn, check_train_batch
 from relax.backends.training.forward import forward_rows
 from relax.backends.training.loading import DTYPES, load_model, resolve_device
 from relax.backends.training.update import Trainable, read_trainer_state, write_trainer_state
@@ -64,10 +64,11 @@ class TorchTrainer:
         plan = self.policy.plan(batch)
         return forward_rows(self.ref_model, batch, plan, self.device, "logp", self.cfg.pack_sequences)
 
-    def train_batch(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-        if batch.advantages is None or batch.old_log_probs is None:
-            raise ValueError("train_batch needs batch.advantages and batch.old_log_probs filled in")
-        metrics = self.policy.train_local(batch, loss_fn, "train")
+    def train_batch(
+        self, batch: TrainBatch, loss_fn: LossFn, *, pi_old_from_forward: bool = False
+    ) -> dict[str, float]:
+        check_train_batch(batch, pi_old_from_forward)
+        metrics = self.policy.train_local(batch, loss_fn, "train", pi_old_from_forward)
         self.step += 1
         return metrics
 

@@ -33,6 +33,8 @@ from torch.distributed.tensor import DTensor
 from relax.algorithms.pipeline import PolicyLossInputs, ValueLossInputs
 from relax.backends.training import forward as fw
 from relax.backends.training.base import LossFn, RatioCheck, has_behaviour
+from relax.backends.training.loading import enable_activation_checkpointing
+from relax.backends.training.memory import CPU_TOKENS, MemoryPlan, pending_update_bytes, plan_memory
 from relax.config.schema import TrainerConfig
 from relax.data.batch import TrainBatch, pack_micro_batches, pad_ragged
 
@@ -104,6 +106,11 @@ class Trainable:
         value: bool = False,
     ) -> None:
         self.model, self.cfg, self.device, self.value = model, cfg, device, value
+        # the micro-batch token budget: the config's, or planned at first use (`memory.plan_memory`)
+        self.tokens: int | None = (
+            None if device.type == "cuda" else cfg.max_tokens_per_micro_batch or CPU_TOKENS
+        )
+        self.checkpointing = bool(cfg.gradient_checkpointing)
         params = [p for p in model.parameters() if p.requires_grad]
         # fused: one kernel (CUDA) or one pass (CPU) over all parameters instead of a chain of small ops
         self.optimizer = torch.optim.AdamW(
@@ -115,7 +122,25 @@ class Trainable:
     # -- forward -----------------------------------------------------------------------------
     def plan(self, batch: TrainBatch) -> list[list[int] | None]:
         """This (one) rank's micro-batches of `batch` under the token budget."""
-        return list(pack_micro_batches(batch.seq_lens(), self.cfg.max_tokens_per_micro_batch))
+        return list(pack_micro_batches(batch.seq_lens(), self.budget()))
+
+    def budget(self) -> int:
+        """The micro-batch token budget, planned from the free memory at the first call on a GPU."""
+        if self.tokens is None:
+            self.apply(plan_memory(self.cfg, self.device, self.model, pending_update_bytes(self.optimizer)))
+        return int(self.tokens)
+
+    def apply(self, plan: MemoryPlan) -> None:
+        """Take a memory plan: its budget, and activation checkpointing if it asks for it."""
+        if plan.checkpointing and not self.cfg.gradient_checkpointing:
+            enable_activation_checkpointing(getattr(self.model, "backbone", self.model))
+        self.tokens, self.checkpointing = plan.tokens, plan.checkpointing
+        logger.info(
+            "micro-batches of %d tokens, activation checkpointing %s (%s)",
+            plan.tokens,
+            "on" if plan.checkpointing else "off",
+            plan.why,
+        )
 
     def forward_rows(
         self, batch: TrainBatch, plan: list[list[int] | None], what: str | None = None
@@ -125,9 +150,10 @@ class Trainable:
         return fw.forward_rows(self.model, batch, plan, self.device, what, self.cfg.pack_sequences)
 
     def loss_inputs(
-        self, mini: TrainBatch, mb: fw.MicroBatch, totals: Totals
+        self, mini: TrainBatch, mb: fw.MicroBatch, totals: Totals, pi_old_from_forward: bool = False
     ) -> PolicyLossInputs | ValueLossInputs:
-        """The loss function's inputs for micro-batch `mb` of `mini`, with the forward (and its graph)."""
+        """The loss function's inputs for micro-batch `mb` of `mini`, with the forward (and its graph).
+        `pi_old_from_forward`: pi_old is this forward's own log-probs, detached (see `step`)."""
 
         def col(rows: list | None) -> Tensor | None:
             return None if rows is None else pad_ragged([rows[i] for i in mb.index], mb.T).to(self.device)
@@ -145,7 +171,7 @@ class Trainable:
         logp_BT, ent_BT = fw.policy_forward(self.model, mb, with_entropy=True, pack=self.cfg.pack_sequences)
         return PolicyLossInputs(
             log_probs=logp_BT,
-            old_log_probs=col(mini.old_log_probs),
+            old_log_probs=logp_BT.detach() if pi_old_from_forward else col(mini.old_log_probs),
             advantages=col(mini.advantages),
             loss_mask=col(mini.loss_mask),
             rollout_log_probs=col(mini.rollout_log_probs),
@@ -170,18 +196,28 @@ class Trainable:
         loss_fn: LossFn,
         totals: Totals,
         check: RatioCheck | None = None,
+        pi_old_from_forward: bool = False,
     ) -> dict[str, Any]:
         """One optimizer step on `mini` (this rank's share), micro-batch by micro-batch as `plan` says;
-        returns the partial (module docstring). `check`: the on-policy ratio check of this step."""
+        returns the partial (module docstring). `check`: the on-policy ratio check of this step.
+
+        `pi_old_from_forward`: `mini.old_log_probs` is not filled; pi_old is the log-probs of this step's
+        own forward, detached. Right only for the first optimizer step on weights that pi_old is meant to
+        be (on-policy, pi_old recomputed by the trainer): every micro-batch's forward then runs on those
+        weights, so a separate forward pass would compute the same values. The partial then also holds
+        them per row of `mini` (`old_log_probs`), for the metrics that compare them with the engine's."""
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, weighted, weight_sum = 0.0, {}, 0.0
+        old_rows: dict[int, Tensor] = {}
         for idx in plan:
-            mb = fw.build_micro_batch(mini if idx is not None else None, idx or [], self.device)
+            mb = fw.micro_batch(self.model, mini, idx, self.device)
             if idx is None:
                 self._dummy(mb).backward()
                 continue
-            inputs = self.loss_inputs(mini, mb, totals)
+            inputs = self.loss_inputs(mini, mb, totals, pi_old_from_forward)
+            if pi_old_from_forward:
+                old_rows.update(fw.split_rows(inputs.old_log_probs, mb))
             if check is not None and isinstance(inputs, PolicyLossInputs):
                 check.add(inputs, has_behaviour(mini, idx))
             loss, metrics = loss_fn(inputs)
@@ -198,7 +234,7 @@ class Trainable:
         else:
             logger.warning("non-finite grad norm %s: update skipped", grad_norm)
         self.scheduler.step()
-        return {
+        partial = {
             "loss": loss_total,
             "weighted": weighted,
             "weight": weight_sum,
@@ -206,6 +242,9 @@ class Trainable:
             "lr": lr,
             "seconds": time.perf_counter() - t0,  # float(grad_norm) waited for the device
         }
+        if pi_old_from_forward:
+            partial["old_log_probs"] = old_rows
+        return partial
 
     def clip_grad_norm(self) -> Tensor:
         """Clip by the global gradient norm; under FSDP the DTensor of partial norms is gathered first."""
@@ -215,16 +254,24 @@ class Trainable:
         torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, norm)
         return norm
 
-    def train_local(self, batch: TrainBatch, loss_fn: LossFn, prefix: str) -> dict[str, float]:
+    def train_local(
+        self, batch: TrainBatch, loss_fn: LossFn, prefix: str, pi_old_from_forward: bool = False
+    ) -> dict[str, float]:
         """`num_mini_batches` optimizer steps on a batch held whole by this one rank; the step's metrics
-        under `prefix/` (with the on-policy ratio check of the first step for a policy)."""
+        under `prefix/` (with the on-policy ratio check of the first step for a policy).
+        `pi_old_from_forward` (one mini-batch only; `step`): fills `batch.old_log_probs` from the update."""
         max_len = int(max(batch.response_lens(), default=0) or 1)
         check = None if self.value else RatioCheck()
+        minis = mini_batch_indices(len(batch), self.cfg.num_mini_batches)
+        check_pi_old_from_forward(pi_old_from_forward, len(minis))
         partials = []
-        for k, idx in enumerate(mini_batch_indices(len(batch), self.cfg.num_mini_batches)):
+        for k, idx in enumerate(minis):
             mini = batch.subset(idx)
             totals = local_totals(mini, max_len)
-            partials.append(self.step(mini, self.plan(mini), loss_fn, totals, check if k == 0 else None))
+            check_k = check if k == 0 else None
+            partials.append(self.step(mini, self.plan(mini), loss_fn, totals, check_k, pi_old_from_forward))
+        if pi_old_from_forward:
+            batch.old_log_probs = gather_rows(len(batch), [(minis[0], partials[0]["old_log_probs"])])
         return {**merge_partials([partials], prefix), **(check.result() if check else {})}
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -245,6 +292,25 @@ class Trainable:
             optim_state_dict=state["optim"],
             options=options,
         )
+
+
+def check_pi_old_from_forward(pi_old_from_forward: bool, num_mini_batches: int) -> None:
+    """pi_old from the update's forward holds for one optimizer step only: after it the weights moved."""
+    if pi_old_from_forward and num_mini_batches != 1:
+        raise ValueError(
+            f"pi_old from the update's own forward needs one optimizer step per batch, not {num_mini_batches} "
+            "(trainer.num_mini_batches): later mini-batches run on updated weights"
+        )
+
+
+def gather_rows(n: int, parts: list[tuple[list[int], dict[int, Tensor]]]) -> list[Tensor]:
+    """Per-sample tensors of a batch of `n` rows from shards: (the shard's rows in the batch, {row in the
+    shard: tensor})."""
+    out: list[Tensor] = [torch.empty(0)] * n
+    for rows, values in parts:
+        for local, t in values.items():
+            out[rows[local]] = t
+    return out
 
 
 def write_trainer_state(path: Path, step: int, scheduler: Any, state_file: str, **meta: Any) -> None:
@@ -281,7 +347,7 @@ def merge_partials(per_rank: list[list[dict[str, Any]]], prefix: str = "train") 
             metrics["perf/rank_update_s"] = max(p["seconds"] for p in parts) * steps
         for name, v in metrics.items():
             totals[name] = totals.get(name, 0.0) + v / steps
-    for r in per_rank:
-        for name, v in r[0].get("ratio_check", {}).items():
+    for r in per_rank:  # per-rank figures of the step (seconds, memory): the largest of any rank
+        for name, v in {**r[0].get("ratio_check", {}), **r[0].get("rank_metrics", {})}.items():
             totals[name] = max(totals.get(name, 0.0), v)
     return totals

@@ -60,3 +60,35 @@ def test_auto_packs_only_where_it_pays(model):
         assert should_pack(model, [DENSE_MAX_TOKENS, 10], "auto")
     finally:
         model.config._attn_implementation = before
+
+
+def test_right_padded_without_mask_matches_left_padded(model):
+    """Text rows run right-padded with no attention mask (causal attention never reaches the padding
+    after a row's tokens): the same log-probs, entropy and gradients as left-padded with a mask."""
+    batch = make_batch(n=6, seed=5)
+    idx = [0, 1, 3, 4, 5]
+    out = {}
+    for right in (False, True):
+        mb = fw.build_micro_batch(batch, idx, torch.device("cpu"), right=right)
+        logp, ent = fw.policy_forward(model, mb, with_entropy=True, pack="off")
+        weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+        out[right] = (logp.detach(), ent.detach(), _grads(model, (logp * weights).sum() + 0.1 * ent.sum()))
+    assert fw.micro_batch(model, batch, idx, torch.device("cpu")).right  # the layout text rows get
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[True][1], out[False][1], atol=1e-5, rtol=1e-5)
+    for name, g in out[False][2].items():
+        torch.testing.assert_close(out[True][2][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_critic_values_agree_in_both_layouts(model):
+    from relax.algorithms.critic import ValueHeadModel
+
+    critic = ValueHeadModel(model)
+    torch.nn.init.normal_(critic.value_head.weight)  # a head that reads the states
+    batch = make_batch(n=5, seed=6)
+    got = [
+        fw.value_forward(critic, fw.build_micro_batch(batch, [0, 1, 2, 4], torch.device("cpu"), right=r))
+        for r in (False, True)
+    ]
+    assert got[0].abs().sum() > 0
+    torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
