@@ -89,7 +89,7 @@ def main() -> None:
     args = p.parse_args()
     from relax.models.tiny import write_tiny_model
     from relax.models.tokenizer import train_tiny_tokenizer
-    from relax.weights.publisher import free_port
+    from relax.utils.net import free_port
 
     gpus = torch.cuda.device_count()
     tmp = Path(tempfile.mkdtemp(prefix="relax-wsync-"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +38,12 @@ def ray_cluster():
     start_ray(None, num_cpus=8, object_store_mb=1024)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def bare_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model's checkpoint without tokenizer files: the engine must serve token ids without one."""
+    out = tmp_path_factory.mktemp("tiny_qwen2_bare")
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, out / name)
+    return out

@@ -82,11 +82,8 @@ class ExternalAgentRollout:
         sid = f"g{group_id}s{sample_id}-{uuid.uuid4().hex[:8]}"
         session = self.new_session(sid)
         self.server.open_session(session)
-        base = Sample(
-            index=row.index,
-            prompt=row.prompt,
-            label=row.label,
-            metadata=dict(row.metadata),
+        base = Sample.from_row(
+            row,
             group_id=group_id,
             sample_id=sample_id,
         )

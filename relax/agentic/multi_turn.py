@@ -105,11 +105,8 @@ class MultiTurnRollout:
                 prompt_ids, media = prompt_media  # a multimodal prompt (its tokens already expanded)
             else:
                 prompt_ids, media = self.prompt_ids(row, env), None
-            sample = Sample(
-                index=row.index,
-                prompt=row.prompt,
-                label=row.label,
-                metadata=dict(row.metadata),
+            sample = Sample.from_row(
+                row,
                 prompt_ids=list(prompt_ids),
                 multimodal_inputs=media,
                 group_id=group_id,

@@ -18,11 +18,11 @@ import math
 import torch
 from torch import Tensor
 
-LOG_RATIO_CLAMP = 20.0
+from relax.algorithms.masked import clamped_log_ratio
 
 
 def _log_rho(log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-    return (teacher_log_probs.detach() - log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return clamped_log_ratio(teacher_log_probs.detach(), log_probs)
 
 
 def reverse_kl(log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:

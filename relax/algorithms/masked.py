@@ -1,9 +1,20 @@
-"""Masked reductions over [B, T] tensors (mask: float 0/1, 0 on padding and environment tokens)."""
+"""Masked reductions over [B, T] tensors (mask: float 0/1, 0 on padding and environment tokens), and the
+one clamp every log-ratio of the algorithms goes through."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+# A log-ratio of two log-probs is clamped to [-20, 20] before it is exponentiated: exp(20) ~ 5e8 still
+# ranks every ratio a clip or mask compares, and keeps exp (and its gradient) finite for tokens whose
+# probabilities moved apart by more than float32 can hold.
+LOG_RATIO_CLAMP = 20.0
+
+
+def clamped_log_ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """`numerator - denominator` (log-probs) clamped to +-LOG_RATIO_CLAMP."""
+    return (numerator - denominator).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -11,14 +11,12 @@ import torch
 from torch import Tensor
 
 from relax.algorithms.kl import kl_k3
-from relax.algorithms.masked import masked_mean
-
-LOG_RATIO_CLAMP = 20.0
+from relax.algorithms.masked import clamped_log_ratio, masked_mean
 
 
 def behaviour_ratio(old_log_probs: Tensor, rollout_log_probs: Tensor) -> Tensor:
     r""":math:`\pi_{old}(y_t)/\mu(y_t)`, detached, log-ratio clamped to [-20, 20]."""
-    log_ratio = (old_log_probs - rollout_log_probs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamped_log_ratio(old_log_probs, rollout_log_probs).detach()
     return torch.exp(log_ratio)
 
 

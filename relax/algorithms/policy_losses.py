@@ -15,14 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax.algorithms.masked import masked_mean
+from relax.algorithms.masked import clamped_log_ratio, masked_mean
 
-LOG_RATIO_CLAMP = 20.0
 Metrics = dict[str, Tensor]
 
 
 def _log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
-    return (log_probs - old_log_probs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return clamped_log_ratio(log_probs, old_log_probs.detach())
 
 
 def ratio_metrics(ratio: Tensor, mask: Tensor) -> Metrics:

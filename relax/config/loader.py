@@ -101,7 +101,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist (see examples/ for working configs)")
+            raise ConfigError(
+                f"config file {path} does not exist (`relax examples list` shows working configs)"
+            )
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:

@@ -80,3 +80,12 @@ def actor_fetches_ahead(cfg: RelaxConfig) -> bool:
     algo = cfg.algorithm
     forward_in_process = algo.needs_reference or not algo.pi_old_from_rollout or algo.spec.needs_critic
     return not (stages_in_process(cfg) and forward_in_process)
+
+
+def resolve_auto(cfg: RelaxConfig) -> RelaxConfig:
+    """Replace the schedule's auto settings (None) by what this run does, so the run folder's
+    config.yaml records what ran; what they resolve to is unchanged. Returns `cfg`."""
+    s = cfg.schedule
+    s.overlap_push = overlaps_push(cfg)
+    s.fetch_ahead = actor_fetches_ahead(cfg)
+    return cfg

@@ -279,11 +279,13 @@ class TrainerConfig(Section):
         "comes from the update's own forward, on the same weights, instead of a forward pass of its own "
         "(docs/trainer.md).",
     )
-    weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field(
+    weight_sync_backend: Literal["auto", "nccl", "gloo", "disk"] = Field(
         "auto",
-        description="Collective backend of trainer -> engine weight sync: `auto` = NCCL when the trainer and "
-        "engines hold GPUs (receivers on a training rank's own GPU get CUDA IPC instead), gloo (through host "
-        "memory) on CPU, or when SGLang engines share the trainer's GPUs.",
+        description="How the trainer's weights reach the engines: `auto` = a broadcast group over NCCL when "
+        "the trainer and engines hold GPUs (receivers on a training rank's own GPU get CUDA IPC instead), "
+        "gloo (through host memory) on CPU or when SGLang engines share the trainer's GPUs; `disk` = "
+        "safetensors files under `<run_dir>/weights` that the engines load, for engines that cannot join a "
+        "process group (they must see the run folder).",
     )
     weight_sync_ipc: bool = Field(
         True,
@@ -354,6 +356,35 @@ class ScheduleConfig(Section):
     )
 
 
+PLACEMENT_KEYS = (
+    "rollout",
+    "actor",
+    "actor_fwd",
+    "reference",
+    "advantages",
+    "genrm",
+    "metrics",
+    "engines",
+    "ranks",
+)
+
+
+class PlacementConfig(Section):
+    """Where one role (or the embedded engines, or the training ranks) may run on a heterogeneous
+    cluster, in Ray's own terms (docs/cluster.md)."""
+
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each replica/actor asks for (nodes started with "
+        "`ray start --resources '{\"h200\": 8}'`), e.g. {h200: 1}.",
+    )
+    label_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the replica/actor needs (nodes started with `ray start --labels "
+        "tier=cpu`), e.g. {tier: cpu}; Ray's label selector syntax (`!value`, `in(a,b)`) works.",
+    )
+
+
 class ResourcesConfig(Section):
     """Where the roles run: GPUs and CPUs per role, the Ray cluster. How they take turns is `schedule`."""
 
@@ -389,8 +420,31 @@ class ResourcesConfig(Section):
     num_gpus: int | None = Field(
         None, ge=0, description="GPUs declared to a locally started Ray (None = every visible GPU)."
     )
-    ray_address: str | None = Field(None, description="Existing Ray cluster to join (None = start one).")
+    placement: dict[str, PlacementConfig] = Field(
+        default_factory=dict,
+        description=f"Where roles and actor groups go, by name ({', '.join(PLACEMENT_KEYS)}): custom "
+        "resources and node labels; unnamed ones go anywhere (docs/cluster.md, examples/cluster.yaml).",
+    )
+    bind: Literal["auto", "loopback", "node"] = Field(
+        "auto",
+        description="Where the servers Relax starts (engines, weight receivers, elastic API, agent endpoint, "
+        "doorbell, weight-sync rendezvous) listen and what they advertise: `loopback` = 127.0.0.1, `node` = "
+        "the address of the node they run on (Ray's node IP; never all interfaces); `auto` = loopback when "
+        "the cluster has one node at start, else node. Set `node` for a cluster that grows during the run.",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Existing Ray cluster to join (`auto`, `HOST:6379`, `ray://...`); None = the cluster in "
+        "RAY_ADDRESS (set by `ray job submit`), else start a local one on 127.0.0.1 (docs/cluster.md).",
+    )
     object_store_mb: int = Field(1024, gt=0, description="Object store size of a locally started Ray.")
+
+    @field_validator("placement")
+    @classmethod
+    def _placement_keys(cls, value: dict[str, PlacementConfig]) -> dict[str, PlacementConfig]:
+        if unknown := sorted(set(value) - set(PLACEMENT_KEYS)):
+            raise ValueError(f"unknown placement key(s) {unknown}; valid keys: {', '.join(PLACEMENT_KEYS)}")
+        return value
 
     @field_validator("rollout_cpus", "training_cpus", mode="before")
     @classmethod
@@ -587,6 +641,11 @@ class RelaxConfig(Section):
             raise ValueError(
                 "schedule.overlap_push=true needs the in-process trainer: the fsdp ranks publish their live "
                 "shards, which the next update would change mid-push; leave schedule.overlap_push unset"
+            )
+        if self.trainer.weight_sync_backend == "disk" and self.trainer.lora is not None:
+            raise ValueError(
+                "trainer.weight_sync_backend=disk writes full weights; LoRA runs publish adapters or merged "
+                "modules through the broadcast group: leave trainer.weight_sync_backend=auto"
             )
         if self.algorithm.spec.needs_complete_groups and self.rollout.n_samples_per_prompt < 2:
             raise ValueError(

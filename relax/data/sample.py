@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relax.data.dataset import PromptRow
 
 
 class SampleStatus(str, enum.Enum):
@@ -48,6 +51,20 @@ class Sample:
     # -- from the reward --
     reward: float | None = None  # scalar reward used by the algorithm
     reward_info: dict[str, float] = field(default_factory=dict)  # extra reward metrics (logged, not trained)
+
+    @classmethod
+    def from_row(cls, row: PromptRow, group_id: int, sample_id: int, **fields: Any) -> Sample:
+        """Sample `sample_id` of prompt group `group_id` drawn from data row `row` (its index, prompt, label
+        and a copy of its metadata); `fields` fill the rest (prompt_ids, response_ids, ...)."""
+        return cls(
+            index=row.index,
+            prompt=row.prompt,
+            label=row.label,
+            metadata=dict(row.metadata),
+            group_id=group_id,
+            sample_id=sample_id,
+            **fields,
+        )
 
     @property
     def tokens(self) -> list[int]:

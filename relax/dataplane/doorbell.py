@@ -3,10 +3,9 @@ partition, and how many rows it wrote of which fields); a consumer waiting in `g
 when what it has heard says its rows may be there, instead of on a timer.
 
 Why: TransferQueue's controller has no notifications (its blocking mode sleeps inside its single
-request thread), so a waiting consumer polls it. On 2 CPU cores fully_async's Advantages and Actor
-polled ~10 times a step, each poll a controller round trip of ~1 ms of CPU on both sides, and a step's
-rows were seen up to one poll interval late. A ring is one small ZeroMQ message (tens of microseconds);
-the consumer polls once per ring that could complete its batch.
+request thread), so a waiting consumer polls it: several controller round trips a step, each costing
+CPU on both sides, and a step's rows seen up to one poll interval late (docs/measurements.md). A ring is
+one small ZeroMQ message; the consumer polls once per ring that could complete its batch.
 
 Shape: one `DoorbellHub` per run, a ZeroMQ XSUB/XPUB proxy on a thread of the process that created the
 plane (the driver); producers publish to it (`Bell`), consumers subscribe (`Listener`). Rings are a

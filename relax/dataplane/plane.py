@@ -31,8 +31,7 @@ STALL_WARN_S = 300.0
 # fully_async: how often a stage role (ActorFwd, Reference, Advantages) polls a polling plane that has no
 # doorbell (`relax.dataplane.doorbell`; TransferQueue started by Relax has one) while it waits for a
 # step's rows. Its column is the last thing the Actor waits for, so the poll interval is on the step's
-# critical path: at the plane's default (up to 50 ms) Advantages saw a finished step 37 ms later on
-# average on 2 CPU cores, at 10 ms 12 ms later.
+# critical path (docs/measurements.md).
 STAGE_POLL_S = 0.01
 
 
@@ -311,12 +310,13 @@ class PlaneClient:
         self._plane = plane
 
 
-def create_data_plane(kind: str) -> DataPlane:
-    """Called once by the Controller before the roles start: the shared plane of kind `kind`."""
+def create_data_plane(kind: str, host: str | None = None) -> DataPlane:
+    """Called once by the Controller before the roles start: the shared plane of kind `kind`; servers it
+    starts in this process (TransferQueue's doorbell hub) listen on `host` (default: Ray's node IP)."""
     if kind == "transferqueue":
         from relax.dataplane.transferqueue import TransferQueueDataPlane
 
-        return TransferQueueDataPlane.create()
+        return TransferQueueDataPlane.create(host=host)
     if kind == "ray":
         return RayDataPlane.create()
     raise ValueError(f"unknown schedule.data_plane {kind!r}; valid: ray, transferqueue")

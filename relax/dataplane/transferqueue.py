@@ -5,8 +5,8 @@ Mapping: a partition is a TQ partition; a row is a TQ sample (its global index i
 Rollout's columns (`ROLLOUT_COLUMNS`, written together by `put_rows` and read together) travel packed as
 one TQ field, `rows`, holding each row's dict; every column added later (`put_columns`: log-probs,
 advantages, ...) is a TQ field of its own, so readiness per column still comes from TQ. One field
-instead of nine per row: TQ serialises and tracks values per field and sample, and on 2 CPU cores the
-packed field took a 128-row step's build + put + get from about 10 + 10 + 14 ms to 2 + 7 + 6 ms.
+instead of nine per row: TQ serialises and tracks values per field and sample, so the packed field
+costs a fraction of nine (docs/measurements.md).
 `get` polls the controller in polling mode (TQ's blocking mode sleeps inside the
 controller's single request thread, stalling every other client) and hands the choice of rows to
 `RelaxTQSampler`, which runs our samplers with the group id and length kept as TQ custom metadata.
@@ -39,9 +39,8 @@ ROWS_FIELD = "rows"  # the TQ field holding `put_rows`' columns, one dict per ro
 ROW_COLUMNS = frozenset(ROLLOUT_COLUMNS)
 POLL_S = 0.02  # first poll interval; doubles up to POLL_MAX_S
 # A consumer that waits ahead (the Actor takes step k+1's rows while step k trains; the stage roles wait
-# for their inputs) learns that the rows are there at most this late. At 0.2 s the Actor's wait for data
-# in fully_async on 2 CPU cores rose from 0.05 s to 0.09-0.12 s a step; at 0.05 s it is 0.01-0.03 s, for
-# at most 20 controller round trips a second per waiting consumer.
+# for their inputs) learns that the rows are there at most this late (docs/measurements.md), for at most
+# 20 controller round trips a second per waiting consumer.
 POLL_MAX_S = 0.05
 TAKEN_PARTITIONS = 4  # partitions whose last taken rows' metadata `put_columns` may reuse
 DOORBELL_KEY = "relax_doorbell"  # TQ config entry with the doorbell hub's addresses
@@ -93,8 +92,8 @@ def _group_ids(meta: dict[int, dict]) -> dict[int, int]:
 
 
 # Values cross TransferQueue as msgpack bytes, one blob per row and field. Handed plain lists, TQ's own
-# decoder walks every element of every list on each get and each storage put (~10k Python calls for a
-# 128-row step of the toy task: ~2 ms of a 3.4 ms get on 2 CPU cores); bytes are one object to it.
+# decoder walks every element of every list on each get and each storage put (thousands of Python calls
+# a step; docs/measurements.md); bytes are one object to it.
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder()
 
@@ -195,13 +194,13 @@ class TransferQueueDataPlane:
         return await getattr(client, f"async_{name}")(*args, **kwargs)
 
     @classmethod
-    def create(cls, num_storage_units: int = 1) -> TransferQueueDataPlane:
+    def create(cls, num_storage_units: int = 1, host: str | None = None) -> TransferQueueDataPlane:
         """Start TQ's controller and storage units (once per run) and install `RelaxTQSampler`."""
         import ray
         import transfer_queue as tq
         from omegaconf import OmegaConf
 
-        hub = doorbell.DoorbellHub(ray.util.get_node_ip_address())
+        hub = doorbell.DoorbellHub(host or ray.util.get_node_ip_address())
         conf = OmegaConf.create(
             {
                 "controller": {"polling_mode": True},
@@ -276,7 +275,7 @@ class TransferQueueDataPlane:
         if missing:
             raise KeyError(f"rows {missing} are not in partition {partition!r}")
         if list(indexes) == list(meta.global_indexes):  # the rows just taken, in order (a stage role's
-            sub = meta  # write): TQ's `select_samples` deep-copies each row's metadata, ~1 ms for 128 rows
+            sub = meta  # write): TQ's `select_samples` deep-copies each row's metadata
         else:
             sub = meta.select_samples([pos[i] for i in indexes])
         await self._put_values(_tensordict(columns, len(indexes)), sub)
@@ -285,8 +284,8 @@ class TransferQueueDataPlane:
     async def _put_values(self, data: Any, meta: Any) -> None:
         """Write `data` into rows that exist. TQ's `put` also sends every row's custom meta to the
         controller, even unchanged: here it is the group ids and lengths `put_rows` set, so that is one
-        controller round trip a write for nothing (~1% of fully_async's CPU on 2 cores, from Advantages and
-        the controller), and a write that raced the partition's clearing logged a warning. So the values
+        controller round trip a write for nothing (docs/measurements.md), and a write that raced the
+        partition's clearing logged a warning. So the values
         go straight to the storage units, which mark them ready in the controller; a TQ client without
         that storage manager takes the full `put`."""
         client = self._async_client()

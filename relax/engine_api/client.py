@@ -5,9 +5,9 @@ Errors: an engine that does not answer (refused connection, timeout, dropped con
 `EngineUnavailableError` naming the URL and what to check; an answer with status >= 400 raises
 `EngineRequestError` carrying the server's message.
 
-Transport: aiohttp (a dependency of Ray Serve already). At 64 concurrent `/generate` requests httpx
-spent 14.6 ms of client CPU per request against aiohttp's 0.37 ms, and answered 60 requests/s against
-600 (`python benchmarks/engine_client.py`); the Rollout replica shares its cores with engines and trainer.
+Transport: aiohttp (a dependency of Ray Serve already), which spends far less client CPU per request than
+httpx at the concurrency a rollout runs (docs/measurements.md; `python benchmarks/engine_client.py`): the
+Rollout replica shares its cores with engines and trainer.
 """
 
 from __future__ import annotations

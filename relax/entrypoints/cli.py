@@ -1,4 +1,5 @@
-"""The `relax` command line: train, doctor, tiny-model, data, engine, status."""
+"""The `relax` command line: train, eval, config, tiny-model, data, doctor, engine, export, status,
+examples; `relax --version`. `python -m relax` is the same command line."""
 
 from __future__ import annotations
 
@@ -13,17 +14,24 @@ logger = logging.getLogger("relax")
 
 def cmd_train(args: argparse.Namespace) -> int:
     from relax.config import ConfigError, load_config
-    from relax.orchestration.service import set_ray_env_defaults
 
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 2
-    set_ray_env_defaults()
     from relax.orchestration.controller import Controller
+    from relax.orchestration.preflight import PreflightError
+    from relax.orchestration.service import RoleStartError, RunStopped
 
-    step = Controller(cfg, resume=args.resume).run()
+    try:
+        step = Controller(cfg, resume=args.resume).run()
+    except (PreflightError, RoleStartError, FileExistsError) as e:
+        print(f"relax train: {e}", file=sys.stderr)
+        return 1
+    except RunStopped as e:
+        print(f"relax train: {e}", file=sys.stderr)
+        return 130
     logger.info("done at step %d; run folder: %s", step, cfg.run.run_dir)
     return 0
 
@@ -131,11 +139,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import relax
+
     p = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous RL post-training for LLMs.")
+    p.add_argument("--version", action="version", version=f"relax {relax.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train with a config file and dotted overrides")
-    t.add_argument("config", help="YAML config file (see examples/)")
+    t.add_argument("config", help="YAML config file (`relax examples list` shows the examples)")
     t.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-4 rollout.n_samples_per_prompt=8"
     )
@@ -202,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.entrypoints.status_cmd import add_status_parser
 
     add_status_parser(sub)
+    from relax.entrypoints.examples_cmd import add_examples_parser
+
+    add_examples_parser(sub)
     return p
 
 

@@ -5,18 +5,24 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 
+import relax
+
+# (distribution, what it does, how it is installed). "relax[X]" names an extra of pyproject.toml (a test
+# checks that every one named here exists); the rest are plain dependencies or installed by hand.
 PACKAGES = [
-    ("torch", "training backend, embedded engine"),
-    ("transformers", "model classes"),
-    ("ray", "cluster and Serve deployments"),
-    ("pydantic", "configuration"),
-    ("tensorboard", "metrics sink"),
-    ("math-verify", "math reward (optional: relax[math])"),
-    ("transferqueue", "streaming data plane (optional: relax[async])"),
-    ("wandb", "metrics sink (optional: relax[metrics])"),
-    ("apprise", "notifications (optional: relax[metrics])"),
-    ("peft", "LoRA (optional: relax[lora])"),
-    ("sglang", "SGLang engine on GPU clusters (optional: relax[sglang])"),
+    ("torch", "training backend, embedded engine", "required"),
+    ("transformers", "model classes", "required"),
+    ("ray", "cluster and Serve deployments", "required"),
+    ("pydantic", "configuration", "required"),
+    ("transferqueue", "streaming data plane", "required"),
+    ("math-verify", "math reward", "required"),
+    ("tensorboard", "metrics sink", "required"),
+    ("wandb", "metrics sink", "optional: relax[metrics]"),
+    ("apprise", "notifications", "optional: relax[metrics]"),
+    ("clearml", "metrics sink", "optional: pip install clearml"),
+    ("peft", "LoRA", "optional: relax[lora]"),
+    ("bm25s", "search task's index", "optional: relax[agentic]"),
+    ("sglang", "SGLang engine on GPU clusters", "optional: relax[sglang]"),
 ]
 
 
@@ -30,10 +36,11 @@ def _version(name: str) -> str | None:
 def run_doctor(check_ray: bool = True) -> int:
     import torch
 
+    print(f"relax       {relax.__version__}")
     print(f"python      {platform.python_version()} on {platform.platform()}")
-    for name, role in PACKAGES:
+    for name, role, how in PACKAGES:
         v = _version(name)
-        print(f"{name:14s}{v or 'not installed':14s}{role}")
+        print(f"{name:14s}{v or 'not installed':14s}{role} ({how})")
     cuda = torch.cuda.is_available()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     print(

@@ -24,7 +24,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"relax export: {e}", file=sys.stderr)
         return 2
     try:
-        out = export_checkpoint(args.checkpoint, cfg, args.out, adapter_only=args.adapter_only)
+        out = export_checkpoint(
+            args.checkpoint, cfg, args.out, adapter_only=args.adapter_only, progress=not args.no_progress
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"relax export: {e}", file=sys.stderr)
         return 2
@@ -38,6 +40,7 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="the run's config (runs/NAME/config.yaml)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the config")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar over the export's stages")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--merge-lora", action="store_true", help="LoRA: merge adapters into the weights (default)"

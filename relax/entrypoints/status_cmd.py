@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 REWARD_KEYS = ("rollout/reward_mean", "reward_mean")
+STEP_TIME_KEY = "perf/step_time_s"  # the Controller's "step_time" phase (relax/ops/trace.py: perf/<name>_s)
 
 
 def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,8 +51,10 @@ def collect(run_dir: Path, timeout_s: float = 5.0) -> dict[str, Any]:
         out["step"] = metrics.get("step")
         out["reward"] = next((metrics[k] for k in REWARD_KEYS if metrics.get(k) is not None), None)
         out["weight_version"] = metrics.get("weight_version")
-        out["step_time_s"] = metrics.get("step_time")
-        out["metrics_age_s"] = time.time() - (run_dir / "metrics.jsonl").stat().st_mtime
+        out["step_time_s"] = metrics.get(STEP_TIME_KEY)
+        # the row's wall-clock time (JsonlSink writes it); older runs' rows have none: the file's mtime
+        logged = metrics.get("time") or (run_dir / "metrics.jsonl").stat().st_mtime
+        out["metrics_age_s"] = time.time() - logged
     try:
         import yaml
 
@@ -85,6 +88,8 @@ def render(s: dict[str, Any]) -> str:
         total = f" / {s['num_steps']}" if s.get("num_steps") else ""
         age = f"   (last step logged {s['metrics_age_s']:.0f}s ago)" if "metrics_age_s" in s else ""
         lines.append(f"step      {s['step']}{total}{age}")
+        if isinstance(s.get("step_time_s"), (int, float)):
+            lines.append(f"step time {s['step_time_s']:.2f} s")
         reward = s.get("reward")
         lines.append(f"reward    {reward:.4f}" if isinstance(reward, (int, float)) else "reward    -")
         if s.get("weight_version") is not None:

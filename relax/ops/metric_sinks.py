@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -26,7 +27,8 @@ class MetricsSink(Protocol):
 
 
 class JsonlSink:
-    """Appends one JSON object per step to `metrics.jsonl`, flushed at once so a crash loses nothing."""
+    """Appends one JSON object per step to `metrics.jsonl`, flushed at once so a crash loses nothing.
+    Each row is `{"step": k, "time": <unix seconds when it was written>, <metric>: value, ...}`."""
 
     def __init__(self, path: Path, resume_step: int | None = None) -> None:
         self.path = Path(path)
@@ -49,7 +51,7 @@ class JsonlSink:
             logger.info("moved %d metrics lines after step %d to metrics.superseded.jsonl", len(redo), step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step}
+        row = {"step": step, "time": time.time()}
         for k, v in metrics.items():
             row[k] = None if isinstance(v, float) and not math.isfinite(v) else v
         self._fh.write(json.dumps(row) + "\n")

@@ -18,19 +18,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from relax.config import RelaxConfig, dump_config
-from relax.config.modes import overlaps_push
+from relax.config.modes import overlaps_push, resolve_auto
+from relax.config.paths import resolve_paths
 from relax.dataplane.plane import DataPlane, create_data_plane
 from relax.ops.heartbeat import close_board
 from relax.ops.notify import Notifier
 from relax.ops.trace import StepPhases
 from relax.orchestration import checkpoint as ckpt
-from relax.orchestration import gpus, service
+from relax.orchestration import gpus, preflight, service
 from relax.orchestration.health import HealthManager
 from relax.orchestration.progress import Progress
 from relax.orchestration.recovery import run_with_restarts
 from relax.orchestration.registry import RoleSpec, roles_for
 from relax.orchestration.step_flow import POLL_S, StepFlow
 from relax.roles.metrics import MetricsRole
+from relax.utils.net import bind_address, resolve_bind
+from relax.utils.placement import ray_placement
 from relax.utils.timer import timer
 
 SUMMARY = ("rollout/reward_mean", "train/loss", "health/role_restarts", "health/engine_restarts")
@@ -40,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 class Controller:
     def __init__(self, cfg: RelaxConfig, *, resume: bool = False) -> None:
-        self.cfg = cfg
+        self.cfg = resolve_paths(cfg)  # on the driver, before any role sees a path
         self.run_dir = cfg.run.run_dir
         self.resume = resume
         self.stop_requested = False
@@ -66,14 +69,20 @@ class Controller:
                 f"{self.run_dir} already holds checkpoints; pass --resume to continue that run, "
                 "or choose another run.name / run.output_dir"
             )
-        dump_config(self.cfg, self.run_dir / "config.yaml")
-        notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
-        notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.schedule.mode)
+        preflight.check_local(self.cfg)
+        old_handlers = self._install_signal_handlers()  # a stop while starting ends the start too
         r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
         self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
-        self.health = HealthManager(self.cfg, notifier)
-        old_handlers = self._install_signal_handlers()
+        notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
         try:
+            preflight.check_nodes(self.cfg)
+            # what is decided automatically is decided before config.yaml records what runs
+            gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
+            resolve_auto(self.cfg)
+            r.bind = resolve_bind(r.bind)
+            dump_config(self.cfg, self.run_dir / "config.yaml")
+            notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.schedule.mode)
+            self.health = HealthManager(self.cfg, notifier)
             step = run_with_restarts(
                 self._attempt,
                 resume=self.resume,
@@ -130,13 +139,14 @@ class Controller:
         ]
         self.specs = {spec.name: spec for spec in specs}
         self.health.known.clear()
-        # The data plane (TransferQueue's controller and storage units: ~15 s of process start-up on a
+        # The data plane (TransferQueue's controller and storage units: seconds of process start-up on a
         # small host) starts while the roles' replicas start; roles connect to it on first use, which
         # is after this method returns.
         with ThreadPoolExecutor(1, thread_name_prefix="data-plane") as pool:
-            plane = pool.submit(create_data_plane, self.cfg.schedule.data_plane)
+            plane = pool.submit(create_data_plane, self.cfg.schedule.data_plane, bind_address(r.bind))
             try:
-                self.handles.update(service.deploy_roles([self._role(name) for name in self.specs]))
+                roles = [self._role(name) for name in self.specs]
+                self.handles.update(service.deploy_roles(roles, should_stop=lambda: self.stop_requested))
             finally:
                 self.plane = plane.result()
         self.health.watch(list(self.specs))
@@ -148,8 +158,7 @@ class Controller:
         self.flow = StepFlow(self.cfg.schedule.mode, self.handles, self.health)
         self.flow.redeploy = self._redeploy
         self.flow.overlap = overlaps_push(self.cfg)
-        urls = self.rollout.engine_urls.remote().result()
-        self.actor.connect_engines.remote(urls + self.flow.receivers).result()
+        self.flow.group.reform(self.rollout.engine_urls.remote().result())
 
     def _role(self, name: str, **override) -> service.RoleDeployment:
         spec = self.specs[name]
@@ -162,10 +171,13 @@ class Controller:
             num_gpus=gpus.role_gpus(self.cfg, name),
             heartbeat_s=self.cfg.ops.heartbeat_interval_s,
             cpus=getattr(self.cfg.resources, f"{spec.budget}_cpus") if spec.budget else None,
+            placement=ray_placement(self.cfg, name),
         )
 
     def _deploy(self, name: str, **override):
-        return service.deploy_roles([self._role(name, **override)])[name]
+        return service.deploy_roles([self._role(name, **override)], should_stop=lambda: self.stop_requested)[
+            name
+        ]
 
     def _redeploy(self, name: str):
         """Restart role `name` in place (the HealthManager's call); a new Metrics replica appends."""

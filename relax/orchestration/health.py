@@ -10,10 +10,11 @@ costs.
   data position and staleness gate): their failure, or a stateless role failing more than
   `ops.max_role_restarts` times, raises `GlobalRestart`, which `relax.orchestration.recovery` turns into a
   restart of every role from the last checkpoint.
-* **Inference engines** are checked before every weight push (`engines_before_push`): the Rollout
-  replaces failed ones, the Actor re-forms its weight-sync group with the survivors and replacements, so a
-  push never waits on a dead engine; replacements take requests only after the push (the Rollout's
-  `finish_weight_update`).
+* **Inference engines** are checked before every weight push: the Rollout replaces failed ones, and
+  `engines_replaced` tells the push (`relax.orchestration.weight_push`) to re-form the weight-sync group
+  with the survivors and replacements, so a push never waits on a dead engine; replacements take
+  requests only after the push (the Rollout's `finish_weight_update`). The HealthManager decides and
+  counts; it never calls the Actor.
 
 Counts of restarts are reported to the Metrics service as `health/*`.
 """
@@ -154,27 +155,17 @@ class HealthManager:
         self.watch([name], replacing=name)
 
     # -- engines -----------------------------------------------------------------------------
-    def engines_before_push(
-        self,
-        rollout: Any,
-        actor: Any,
-        receivers: list[str] | None = None,
-        info: dict | None = None,
-        regroup: bool = False,
-    ) -> None:
-        """Replace failed engines and re-form the weight-sync group (engines plus other weight `receivers`,
-        such as ActorFwd), so the push reaches only live ones. `info`: the Rollout's
-        `replace_dead_engines` answer when the caller already has it (`prepare_weight_update`);
-        `regroup`: re-form the group even when no engine was replaced (a receiver changed)."""
-        if info is None:
-            info = rollout.replace_dead_engines.remote().result()
-        if info["replaced"]:
-            self.engine_restarts += info["replaced"]
-            self.notifier.restart(
-                "engine", f"{info['replaced']} inference engine(s) replaced; engines now {info['urls']}"
-            )
-        if info["replaced"] or regroup:
-            actor.connect_engines.remote(info["urls"] + list(receivers or [])).result()
+    def engines_replaced(self, info: dict) -> bool:
+        """The Rollout's `replace_dead_engines` answer (`urls`: survivors and replacements, `replaced`: how
+        many now): count and report the replacements; returns whether the weight-sync group must re-form
+        (the caller, `WeightPush`, has `WeightGroup` do it)."""
+        if not info["replaced"]:
+            return False
+        self.engine_restarts += info["replaced"]
+        self.notifier.restart(
+            "engine", f"{info['replaced']} inference engine(s) replaced; engines now {info['urls']}"
+        )
+        return True
 
     def metrics(self) -> dict[str, float]:
         return {

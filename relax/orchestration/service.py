@@ -8,26 +8,41 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# Loopback-only, no auth on dev machines; the user's own environment wins.
-RAY_ENV_DEFAULTS = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+DEPLOY_TIMEOUT_S = 600.0  # a role not running by then is reported with what it asks for
+DEPLOY_POLL_S = 0.2
+
+# A cluster Relax starts on this machine: every Ray port on loopback (node address 127.0.0.1), so Ray's
+# own token authentication may be off. Never for a cluster Relax joins: its nodes must advertise the
+# addresses the other nodes reach them on, and its auth is the cluster's (docs/cluster.md). The user's
+# own environment wins.
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 
-def set_ray_env_defaults() -> None:
-    """Set before Ray starts, so every worker it spawns inherits them."""
-    for k, v in RAY_ENV_DEFAULTS.items():
-        os.environ.setdefault(k, v)
-    # Serve replicas export their cached request metrics every 100 ms by default: ~1.2% of a core per
-    # idle replica on 2 CPU cores, ~0.7% at one second. Relax's own metrics do not come from there.
+def cluster_address(configured: str | None) -> str | None:
+    """The Ray cluster to join: `resources.ray_address` (`auto` included), else `RAY_ADDRESS` (what
+    `ray job submit` sets for the job's driver); None = start a local cluster."""
+    return configured or os.environ.get("RAY_ADDRESS") or None
+
+
+def set_ray_env_defaults(local: bool = True) -> None:
+    """Set before Ray starts, so every worker it spawns inherits them; `local`: Relax starts the cluster
+    on this machine (loopback only)."""
+    if local:
+        for k, v in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(k, v)
+    # Serve replicas export their cached request metrics every 100 ms by default, a steady cost per idle
+    # replica on a small host (docs/measurements.md). Relax's own metrics do not come from there.
     os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
-    # Serve's controller runs its control loop every 100 ms by default: ~43 ms of CPU a second on 2 CPU
-    # cores with nothing to do (5-7 ms a fully_async step), ~20 at 0.5 s. The cost: a deploy or a replica
-    # replacement may start up to 0.4 s later (a deploy took 2.2 -> 2.6 s). The test suite, which deploys
-    # hundreds of roles, keeps Serve's 0.1 s (tests/conftest.py).
+    # Serve's controller runs its control loop every 100 ms by default, which costs CPU with nothing to do
+    # (docs/measurements.md). The cost of 0.5 s: a deploy or a replica replacement may start up to 0.4 s
+    # later. The test suite, which deploys hundreds of roles, keeps Serve's 0.1 s (tests/conftest.py).
     os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
     # TransferQueue asks for 8 torch threads per put/get and logs a warning on every call when the host
     # has fewer physical cores; ask for what is there.
@@ -41,15 +56,20 @@ def set_ray_env_defaults() -> None:
 
 
 def start_ray(address: str | None, num_cpus: int, object_store_mb: int, num_gpus: int | None = None) -> bool:
-    """Join `address`, or start a local single-node Ray bound to 127.0.0.1. Returns whether this call
-    connected (False when Ray was already initialised in this process, e.g. by a test session)."""
-    set_ray_env_defaults()
+    """Join the cluster at `address` or `RAY_ADDRESS` (`cluster_address`), or start a local single-node
+    Ray bound to 127.0.0.1 with `num_cpus`, `num_gpus` and the object store size (those describe only a
+    cluster Relax starts). Returns whether this call connected (False when Ray was already initialised in
+    this process, e.g. by a test session)."""
+    address = cluster_address(address)
+    set_ray_env_defaults(local=address is None)
     import ray
 
     if ray.is_initialized():
         return False
     if address:
         ray.init(address=address, log_to_driver=True)
+        nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
+        logger.info("joined the Ray cluster at %s: %d node(s) %s", address, len(nodes), nodes)
     else:
         ray.init(
             num_cpus=num_cpus,
@@ -68,59 +88,18 @@ def start_serve() -> None:
     serve.start(proxy_location="Disabled")
 
 
-def _application(
-    name: str,
-    cls: type,
-    args: tuple,
-    kwargs: dict[str, Any],
-    num_cpus: float,
-    num_gpus: float,
-    max_ongoing_requests: int,
-    heartbeat_s: float | None,
-    cpus: str | None = None,
-):
-    from ray import serve
+class RoleStartError(RuntimeError):
+    """A role did not start: its constructor raised (`node`, `error`), its deployment failed, or it was
+    not running within the deadline."""
 
-    from relax.utils.cpu_affinity import with_cpu_affinity
-    from relax.utils.gc_freeze import with_frozen_startup
-
-    cls = with_cpu_affinity(cls, cpus, f"CPU budget of role {name}")  # before the role starts threads
-    cls = with_frozen_startup(cls)  # a replica is its own process: keep the collector off its start-up
-    if heartbeat_s is not None:
-        from relax.ops.heartbeat import with_heartbeat
-
-        cls = with_heartbeat(cls, name, heartbeat_s)
-    deployment = serve.deployment(
-        cls,
-        name=name,
-        num_replicas=1,
-        max_ongoing_requests=max_ongoing_requests,
-        ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
-        health_check_period_s=10,
-        health_check_timeout_s=60,
-        graceful_shutdown_timeout_s=20,
-    )
-    return deployment.bind(*args, **kwargs)
+    def __init__(self, role: str, reason: str, node: str | None = None) -> None:
+        where = f" on node {node}" if node else ""
+        super().__init__(f"role {role} could not start{where}: {reason}")
+        self.role, self.node, self.reason = role, node, reason
 
 
-def deploy_role(
-    name: str,
-    cls: type,
-    *args: Any,
-    num_cpus: float = 1.0,
-    num_gpus: float = 0.0,
-    max_ongoing_requests: int = 16,
-    heartbeat_s: float | None = None,
-    **kwargs: Any,
-):
-    """Deploy `cls(*args, **kwargs)` as the Serve application `name` with one replica; return its handle.
-    With `heartbeat_s` the replica posts a heartbeat as `name` that often (`relax.ops.heartbeat`)."""
-    from ray import serve
-
-    app = _application(name, cls, args, kwargs, num_cpus, num_gpus, max_ongoing_requests, heartbeat_s)
-    handle = serve.run(app, name=name, route_prefix=None)
-    logger.info("role %s is up", name)
-    return handle
+class RunStopped(RuntimeError):
+    """A stop was requested (SIGTERM, Ctrl-C) before the run's roles were up."""
 
 
 @dataclass
@@ -136,42 +115,110 @@ class RoleDeployment:
     max_ongoing_requests: int = 16
     heartbeat_s: float | None = None
     cpus: str | None = None  # pin the replica's process to these CPUs (relax/utils/cpu_affinity.py)
+    placement: dict[str, Any] = field(default_factory=dict)  # Ray `resources` / `label_selector`
 
 
-def deploy_roles(roles: list[RoleDeployment]) -> dict[str, Any]:
+def _application(r: RoleDeployment):
+    from ray import serve
+
+    from relax.ops.startup import with_startup_report
+    from relax.utils.cpu_affinity import with_cpu_affinity
+    from relax.utils.gc_freeze import with_frozen_startup
+
+    cls = with_cpu_affinity(r.cls, r.cpus, f"CPU budget of role {r.name}")  # before the role starts threads
+    cls = with_frozen_startup(cls)  # a replica is its own process: keep the collector off its start-up
+    if r.heartbeat_s is not None:
+        from relax.ops.heartbeat import with_heartbeat
+
+        cls = with_heartbeat(cls, r.name, r.heartbeat_s)
+    cls = with_startup_report(cls, r.name)  # outermost: a failure anywhere in start-up is reported
+    deployment = serve.deployment(
+        cls,
+        name=r.name,
+        num_replicas=1,
+        max_ongoing_requests=r.max_ongoing_requests,
+        ray_actor_options={"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, **r.placement},
+        health_check_period_s=10,
+        health_check_timeout_s=60,
+        graceful_shutdown_timeout_s=20,
+    )
+    return deployment.bind(*r.args, **r.kwargs)
+
+
+def deploy_role(name: str, cls: type, *args: Any, **options: Any):
+    """Deploy `cls(*args)` as the Serve application `name` with one replica (keyword `options` are
+    `RoleDeployment` fields) and wait until it runs; return its handle."""
+    return deploy_roles([RoleDeployment(name, cls, args, **options)])[name]
+
+
+def deploy_roles(
+    roles: list[RoleDeployment],
+    *,
+    should_stop: Callable[[], bool] = lambda: False,
+    timeout_s: float = DEPLOY_TIMEOUT_S,
+) -> dict[str, Any]:
     """Deploy every role at once and wait until all are running; return their handles by name.
 
     The replicas start in parallel (each imports torch and loads its model), which takes a run's start-up
     from the sum of the roles' start times to about the longest one. Roles must not call each other in
-    their constructors (none does: they meet through the data plane and the Controller). Falls back to
-    one `serve.run` after another where `serve.run_many` is missing (Ray < 2.41).
+    their constructors (none does: they meet through the data plane and the Controller).
+
+    Fails fast instead of letting Serve retry: a constructor that raises (a missing file, a bad model, an
+    import error) raises `RoleStartError` naming the role, its node and the error as soon as it is
+    reported; so does a deployment Serve gives up on, and one still not running after `timeout_s` (not
+    placed: the cluster lacks what it asks for). `should_stop()` true (SIGTERM, Ctrl-C) raises
+    `RunStopped`.
     """
     from ray import serve
 
-    def app(r: RoleDeployment):
-        return _application(
-            r.name,
-            r.cls,
-            r.args,
-            r.kwargs,
-            r.num_cpus,
-            r.num_gpus,
-            r.max_ongoing_requests,
-            r.heartbeat_s,
-            r.cpus,
-        )
+    from relax.ops.startup import clear_start_failures, start_failure
 
-    run_many = getattr(serve, "run_many", None)
-    if run_many is None or len(roles) < 2:
-        handles = {}
-        for r in roles:
-            handles[r.name] = serve.run(app(r), name=r.name, route_prefix=None)
-            logger.info("role %s is up", r.name)
-        return handles
-    targets = [serve.RunTarget(app(r), name=r.name, route_prefix=None) for r in roles]
-    handles = run_many(targets, wait_for_applications_running=True)
-    logger.info("roles %s are up", ", ".join(r.name for r in roles))
-    return {r.name: h for r, h in zip(roles, handles, strict=True)}
+    names = [r.name for r in roles]
+    clear_start_failures(names)
+    targets = [serve.RunTarget(_application(r), name=r.name, route_prefix=None) for r in roles]
+    handles = serve.run_many(targets, wait_for_applications_running=False)
+    deadline = time.monotonic() + timeout_s
+    pending = set(names)
+    while pending:
+        for name in sorted(pending):
+            if (failure := start_failure(name)) is not None:
+                raise RoleStartError(name, failure["error"], failure["node"])
+        apps = serve.status().applications
+        for name in sorted(pending):
+            app = apps.get(name)
+            status = str(getattr(app, "status", "")).rsplit(".", 1)[-1]
+            if status == "RUNNING":
+                pending.discard(name)
+            elif status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                # the constructor's own report says more than Serve's status; it may lag the status a little
+                failure = _await_report(name, start_failure)
+                if failure is not None:
+                    raise RoleStartError(name, failure["error"], failure["node"])
+                details = "; ".join(
+                    f"{d}: {getattr(st, 'message', '')}" for d, st in getattr(app, "deployments", {}).items()
+                )
+                raise RoleStartError(name, f"Serve reports {status}: {app.message} {details}".strip())
+        if not pending:
+            break
+        if should_stop():
+            raise RunStopped(f"stop requested while roles {sorted(pending)} were starting")
+        if time.monotonic() > deadline:
+            demand = {r.name: {"CPU": r.num_cpus, "GPU": r.num_gpus, **r.placement} for r in roles}
+            raise RoleStartError(
+                ", ".join(sorted(pending)),
+                f"not running after {timeout_s:.0f}s (asks for {[demand[n] for n in sorted(pending)]}; the "
+                "cluster may lack those resources or labels: see resources.placement and `ray status`)",
+            )
+        time.sleep(DEPLOY_POLL_S)
+    logger.info("roles %s are up", ", ".join(names))
+    return dict(zip(names, handles, strict=True))
+
+
+def _await_report(name: str, start_failure: Callable[[str], Any], wait_s: float = 3.0) -> Any:
+    deadline = time.monotonic() + wait_s
+    while (failure := start_failure(name)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return failure
 
 
 def delete_role(name: str) -> None:

@@ -1,8 +1,8 @@
-"""The streaming side of the Controller's loop (hybrid, fully_async): starting the roles that run ahead,
-the weight push that pauses or aborts generation around it, and waiting on the Actor while watching the
-background roles for failures (through the HealthManager, which may restart a stage role in place; the
-role then continues from the step in training). In colocate mode the same calls reduce to a plain
-weight push.
+"""The Controller's step sequencing: starting the roles that run ahead (hybrid, fully_async), the weight
+push of each trained step (`relax.orchestration.weight_push`), and waiting on the Actor while watching
+the background roles for failures (through the HealthManager, which may restart a stage role in place;
+the role then continues from the step in training). In colocate mode the same calls reduce to an update
+and a plain weight push.
 
 Roles are Serve handles; this module only sequences calls, it computes nothing.
 """
@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from relax.config.modes import STREAMING_MODES
+from relax.orchestration.weight_push import WeightGroup, WeightPush, answers
 
 try:  # a replica that died mid-call; the HealthManager decides what that costs
     from ray.exceptions import RayActorError as ReplicaGone
@@ -28,14 +27,6 @@ logger = logging.getLogger(__name__)
 
 STAGES = ("actor_fwd", "reference", "advantages")  # fully_async roles between Rollout and Actor
 POLL_S = 2.0  # how often a wait on the Actor checks the background roles
-PROBE_TIMEOUT_S = 5.0  # a weight receiver's `/health` after a failed push
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class StepFlow:
@@ -46,22 +37,40 @@ class StepFlow:
         self.health = health  # HealthManager (None in unit tests)
         self.redeploy: Callable[[str], Any] | None = None  # name -> new handle (set by the Controller)
         self.training_step = 0  # the step whose update is awaited
-        # Weight receivers beside the engines: ActorFwd joins the trainer's broadcast group like an engine.
-        self.receivers: list[str] = []
+        # Who receives the weights: the engines and, beside them, ActorFwd's receiver (it joins the
+        # trainer's broadcast group like an engine).
+        self.group = WeightGroup(self.actor)
         if "actor_fwd" in self.stages:
-            self.receivers.append(self.stages["actor_fwd"].weight_url.remote().result())
-        self._regroup = False  # a receiver changed (ActorFwd restarted): re-form the group at the next push
-        self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push, not awaited
-        self._preparing: Any = None  # the Rollout's `prepare_weight_update` sent by `begin_push`
+            self.group.set_receivers([self.stages["actor_fwd"].weight_url.remote().result()])
+            self.group.stale = False  # the Controller forms the group with them at start
+        self.weights = WeightPush(self.rollout, self.actor, self.group, health)
+        self.weights.after_prepare = self._read_after_train
+        self.weights.dead_receiver = self._restart_dead_receivers
+        self.weights.pushed = self._pushed
         self._trained: int | None = None  # the step whose update ended since the last push began
         self._after: Callable[[], None] | None = None  # the post-train checks, asked not read
         self._checked_at = -math.inf  # when the background roles were last checked (monotonic)
-        # overlap_push (relax/orchestration/registry.py): the next update is sent before the push, which
-        # then sends the copy of the weights the Actor kept for the trained step
-        self.overlap = False
         self._ahead: tuple[int, Any] | None = None  # (step, its `train` response) sent ahead
-        self._pushing = 0  # the trained step whose weights the push in progress sends
-        self.rollout_metrics: dict[str, float] = {}  # of the step last pushed (`begin_push`)
+
+    @property
+    def receivers(self) -> list[str]:
+        """Weight receivers beside the engines (ActorFwd's)."""
+        return self.group.receivers
+
+    @property
+    def overlap(self) -> bool:
+        """overlap_push (relax/config/modes.py): the next update is sent before the push, which then sends
+        the copy of the weights the Actor kept for the trained step."""
+        return self.weights.overlap
+
+    @overlap.setter
+    def overlap(self, value: bool) -> None:
+        self.weights.overlap = value
+
+    @property
+    def rollout_metrics(self) -> dict[str, float]:
+        """The rollout metrics of the step last pushed (streaming modes, asked by `begin_push`)."""
+        return self.weights.rollout_metrics
 
     def start(self, first_step: int) -> None:
         """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
@@ -73,116 +82,44 @@ class StepFlow:
         logger.info("streaming from step %d (%s)", first_step, ", ".join(["rollout", *self.stages]))
 
     def begin_push(self, trained_step: int, rollout_metrics: bool = False) -> None:
-        """Send the first call of the push of `trained_step`'s weights (the Rollout's
-        `prepare_weight_update`), then, after an update, the check that follows it (the heartbeats),
-        which `push_weights` reads while the prepare runs. `rollout_metrics` (streaming modes): the prepare also brings the trained step's
-        rollout metrics, read after the push from `self.rollout_metrics`.
-        The Controller calls this as soon as the update ends, before anything else it sends then (the
-        next update, under overlap_push): in fully_async the push is on the chain that sets the pace
-        (docs/modes.md), and each Serve call sent before it delayed it by ~2-3 ms on 2 CPU cores."""
-        self.settle()
-        self._pushing = trained_step
-        self._preparing = self.rollout.prepare_weight_update.remote(
-            self.health is not None, trained_step if rollout_metrics else None
-        )
+        """Send the push's first call now (`WeightPush.begin`), then, after an update, the check that
+        follows it (the heartbeats), which the push reads while the prepare runs. The Controller calls
+        this as soon as the update ends, before anything else it sends then (the next update, under
+        overlap_push): in fully_async the push is on the chain that sets the pace (docs/modes.md)."""
+        self.weights.begin(trained_step, rollout_metrics)
         if self._trained is not None:  # the prepare raises the Rollout's failure
             self._after = self._ask_checks(rollout=False, stages=False)
             self._trained = None
 
     def push_weights(self, trained_step: int) -> int:
-        """Publish the weights trained through `trained_step` to the engines (and ActorFwd): the Rollout
-        first waits for or aborts in-flight generation, then resumes and counts the step consumed.
-        Starts with `begin_push` unless the Controller already sent it.
-
-        Three calls in the usual case: the Rollout's `prepare_weight_update` (stop generation, elastic
-        plan, failed engines replaced), the Actor's push, and `finish_weight_update` (admit replaced
-        engines, resume generation). The driver does not wait for the last: the next step's calls go
-        out while the Rollout resumes (one round trip less on the critical path), and `settle()`, called
-        before the next push and before anything that needs the Rollout's state, raises its error.
-        The checks that `train` asked for after the update are read while the prepare runs, before the
-        Actor's weights go out (an Actor replaced while it trained must not push fresh weights)."""
-        if self._preparing is None or self._pushing != trained_step:
+        """Publish the weights trained through `trained_step` (`WeightPush.push`); the checks asked after
+        the update are read while the prepare runs, before the Actor's weights go out (an Actor replaced
+        while it trained must not push fresh weights). Returns the version the receivers hold."""
+        if self._trained is not None:
             self.begin_push(trained_step)
-        preparing, self._preparing = self._preparing, None
-        admit = False
-        try:
-            try:  # the trained step's checks were asked when it ended; they answer during the prepare
-                self._read_after_train()
-            finally:
-                prep = preparing.result()
-            self.rollout_metrics = prep.get("metrics", {})
-            plan = self._apply_engine_changes(prep["plan"])
-            if plan is None and self._regroup:
-                urls = self.rollout.engine_urls.remote().result()
-                self.actor.connect_engines.remote(urls + self.receivers).result()
-            self._regroup = False
-            version = self._push_to_live_engines(prep["replaced"])
-            admit = self.health is not None
-            if plan is not None:
-                self.rollout.elastic_pushed.remote(version).result()
-            if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
-                self.stages["actor_fwd"].mark_trained.remote(trained_step).result()
-        finally:
-            self._finishing = self.rollout.finish_weight_update.remote(trained_step, admit)
-        return version
-
-    def _actor_push(self) -> int:
-        if self.overlap:  # the update after it may be running: the copy kept for the trained step
-            return self.actor.push_weights.remote(self._pushing).result()
-        return self.actor.push_weights.remote().result()
+        return self.weights.push(trained_step)
 
     def settle(self) -> None:
         """Wait for the last push's `finish_weight_update` (generation resumed, step counted consumed)."""
-        finishing, self._finishing = self._finishing, None
-        if finishing is not None:
-            finishing.result()
+        self.weights.settle()
 
-    def _apply_engine_changes(self, plan: list[str] | None) -> list[str] | None:
-        """Elastic scaling: engines join or leave the weight-sync group here, where the trainer is
-        idle; a group that cannot be formed with the joining engines is formed without them."""
-        if plan is None:
-            return None
-        try:
-            self.actor.connect_engines.remote(plan + self.receivers).result()
-        except Exception as e:  # noqa: BLE001 - the joining engines fail; training goes on without them
-            logger.warning(
-                "weight-sync group with %s failed (%s); forming it without the new engines", plan, e
-            )
-            plan = self.rollout.elastic_join_failed.remote(str(e)).result()
-            self.actor.connect_engines.remote(plan + self.receivers).result()
-        self.rollout.elastic_group_formed.remote(plan).result()
-        return plan
+    def _pushed(self, trained_step: int) -> None:
+        if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
+            self.stages["actor_fwd"].mark_trained.remote(trained_step).result()
 
-    def _push_to_live_engines(self, replaced: dict | None) -> int:
-        """The Actor's push; with a HealthManager, failed engines are replaced first (`replaced`: the
-        Rollout's answer already fetched by `prepare_weight_update`), and a push that an engine's death
-        breaks is retried once on the re-formed group. The replaced engines are admitted afterwards by
-        `finish_weight_update`."""
-        if self.health is None:
-            return self._actor_push()
-        self.health.engines_before_push(self.rollout, self.actor, self.receivers, replaced)
-        try:
-            return self._actor_push()
-        except Exception:
-            logger.exception("weight push failed; checking the engines and ActorFwd, then pushing again")
-        self._restart_dead_receivers()
-        # asks the Rollout again; a restarted ActorFwd's new receiver joins the group here
-        self.health.engines_before_push(self.rollout, self.actor, self.receivers, regroup=self._regroup)
-        self._regroup = False
-        return self._actor_push()
-
-    def _restart_dead_receivers(self) -> None:
+    def _restart_dead_receivers(self) -> bool:
         """ActorFwd's weight receiver is in the push's group like an engine; one that does not answer
         `/health` broke the push. Its role is restarted now rather than when its heartbeat goes silent
         (`ops.heartbeat_timeout_s` later): a retry without it would fail the same way. The new replica's
         receiver joins the group for the retry."""
         if "actor_fwd" not in self.stages:
-            return
+            return False
         for url in self.receivers:
-            if not _answers(url):
+            if not answers(url):
                 reason = f"its weight receiver at {url} does not answer"
                 self.health.restart("actor_fwd", reason, self.restart_stage)
-                return
+                return True
+        return False
 
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface.
@@ -217,8 +154,8 @@ class StepFlow:
         asked again, on the new handles.
         After an update only the heartbeats are asked (`begin_push`): `prepare_weight_update`, sent
         first, raises the Rollout's failure, and a stage role's failure stops the Actor's next step, whose
-        wait checks every `POLL_S`, as does the loop (`check(max_age_s=POLL_S)`). Each Serve round trip
-        left out is ~3-4 ms of CPU a step on 2 cores."""
+        wait checks every `POLL_S`, as does the loop (`check(max_age_s=POLL_S)`). A Serve round trip
+        left out is CPU a step saved (docs/measurements.md)."""
         asked = self.health.ask() if self.health is not None else None
         rollout = self.rollout.check.remote() if self.streaming and rollout else None
         stages = stages and self.streaming
@@ -274,8 +211,7 @@ class StepFlow:
         # the Actor may already hold the step in training and the one after (fetched while it trains)
         first = max(step, self.actor.received_step.remote().result() + 1)
         if name == "actor_fwd":
-            self.receivers = [handle.weight_url.remote().result()]
-            self._regroup = True
+            self.group.set_receivers([handle.weight_url.remote().result()])
             if first == step:
                 handle.set_weights.remote(self.actor.state_dict.remote(), step - 1).result()
         handle.start.remote(first).result()

@@ -1,9 +1,9 @@
 """Cheap sync rewards in one worker thread per batch, with each call still held to its own timeout.
 
 A sync per-sample reward runs off the event loop, in a worker thread, so a slow or hanging call cannot
-stall generation. One thread hop per sample costs the rollout process ~0.1-0.3 ms of CPU (a future, a
-lock, a wake-up of the loop); for a rule reward that itself takes microseconds this was ~14% of the
-Rollout's CPU in fully_async on 2 cores (128 samples a step). So the scorer learns each reward's cost,
+stall generation. One thread hop per sample costs the rollout process a future, a lock and a wake-up of
+the loop; for a rule reward that itself takes microseconds that was a large share of the Rollout's CPU
+(docs/measurements.md). So the scorer learns each reward's cost,
 and a reward whose calls take under ``CHEAP_CALL_S`` scores a whole batch in one ``SyncBatch`` job.
 
 The timeout of a call still applies to that call alone: the loop wakes when the call in progress passes

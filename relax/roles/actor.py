@@ -34,8 +34,10 @@ from relax.dataplane.plane import DataPlane, PlaneClient
 from relax.dataplane.samplers import balance_partitions
 from relax.roles.advantages import batch_advantages
 from relax.rollout.staleness import staleness_metrics
+from relax.utils.net import bind_address
+from relax.utils.placement import ray_placement
 from relax.utils.timer import timer
-from relax.weights.publisher import WeightPublisher
+from relax.weights.sender import build_sender
 from relax.weights.sync_group import without_tied
 
 logger = logging.getLogger(__name__)
@@ -71,13 +73,17 @@ class ActorRole(PlaneClient):
             self.critic = build_critic(cfg, self.trainer)
             self.value_loss_fn = make_value_loss(cfg.algorithm)
         t = cfg.trainer
-        self.publisher = WeightPublisher(
-            t.publish_bucket_mb << 20,
-            backend=t.weight_sync_backend,
+        self.publisher = build_sender(
+            t.weight_sync_backend,
+            bucket_bytes=t.publish_bucket_mb << 20,
             flatten=t.weight_sync_flatten is not False,
             ipc=t.weight_sync_ipc,
             device=getattr(self.trainer, "device", None),  # a CPU trainer on a GPU host sends by gloo
+            disk_root=cfg.run.run_dir / "weights",
+            host=bind_address(cfg.resources.bind),
         )
+        # the rank group publishes from its ranks, except through files, which the Actor writes
+        self.ranks_publish = isinstance(self.trainer, TrainerGroup) and t.weight_sync_backend != "disk"
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
         # Streaming modes fetch step k+1's rows ahead (relax/config/modes.py). When the update runs in
@@ -115,8 +121,8 @@ class ActorRole(PlaneClient):
         if self.prefetch and not self.fetch_with_update and not last:
             self._next = (step + 1, asyncio.create_task(self._fetch(step + 1)))
         await self._cleared()
-        # Clearing takes a data-plane round trip (6-10 ms on 2 CPU cores): it runs while the driver pushes
-        # the weights, and the next `train` makes sure it ended. The last step's is awaited here.
+        # Clearing takes a data-plane round trip: it runs while the driver pushes the weights, and the
+        # next `train` makes sure it ended. The last step's is awaited here.
         self._clearing = asyncio.create_task(self.plane.clear(partition))
         if last:
             await self._cleared()
@@ -238,7 +244,7 @@ class ActorRole(PlaneClient):
 
     # -- weights -----------------------------------------------------------------------------
     async def connect_engines(self, urls: list[str]) -> None:
-        if isinstance(self.trainer, TrainerGroup):  # rank 0 of the group joins the engines' group
+        if self.ranks_publish:  # rank 0 of the group joins the engines' group
             await asyncio.to_thread(self.trainer.connect_engines, urls)
         else:
             await self.publisher.connect(urls)
@@ -258,7 +264,7 @@ class ActorRole(PlaneClient):
         current weights."""
         kept = self._kept.get(version) if version is not None else None
         version = version if kept is not None else self.trainer.step
-        if isinstance(self.trainer, TrainerGroup):
+        if self.ranks_publish:
             mode = _sync_mode(self.cfg)
             self.sync_stats = await asyncio.to_thread(
                 self.trainer.publish, version, mode, self.cfg.model.dtype
@@ -340,6 +346,7 @@ def build_trainer(
             gpu_group=cfg.resources.gpu_group,
             cpus=cfg.resources.training_cpus,
             with_critic=with_critic,
+            placement=ray_placement(cfg, "ranks"),
             **kwargs,
         )
     return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)
@@ -369,7 +376,7 @@ def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
     kept = [(old, rollout, mask) for old, rollout, mask in rows if len(rollout) == len(old) and len(old)]
     if not kept:
         return {}
-    # one tensor op over the batch, not per-sample tensors: this runs on the update's path
+    # one tensor op over the batch: per-sample tensors cost more, on the update's path (docs/measurements.md)
     old = torch.cat([o.reshape(-1) for o, _, _ in kept]).float()
     rollout = torch.tensor([x for _, r, _ in kept for x in r], dtype=torch.float32)
     mask = torch.tensor([bool(m) for _, _, ms in kept for m in ms], dtype=torch.bool)

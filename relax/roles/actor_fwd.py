@@ -12,7 +12,6 @@ A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`),
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 
@@ -26,12 +25,13 @@ from relax.config.modes import sub_batch_groups
 from relax.data.batch import TrainBatch, pack_micro_batches
 from relax.data.columns import LOG_PROBS, REF_LOG_PROBS, partition_name
 from relax.data.rows import tensor_column
-from relax.dataplane.plane import STAGE_POLL_S, DataPlane, PlaneClient
+from relax.dataplane.plane import STAGE_POLL_S, DataPlane
+from relax.roles.stage import StageRole
 
 logger = logging.getLogger(__name__)
 
 
-class ActorFwdRole(PlaneClient):
+class ActorFwdRole(StageRole):
     def __init__(self, cfg: RelaxConfig, reference: bool = False, plane: DataPlane | None = None) -> None:
         from relax.utils.logging import setup_logging
 
@@ -56,10 +56,12 @@ class ActorFwdRole(PlaneClient):
         """Join the trainer's weight broadcasts: the URL of this role's weight receiver (the trainer adds
         it to the engines of its weight-sync group, so weights arrive by NCCL/gloo broadcast, no host
         copy through Ray). `mark_trained` then says which training step the received weights hold."""
+        from relax.utils.net import bind_address
         from relax.weights.receiver import ModelWeightReceiver, ReceiverServer
 
         if self._receiver is None:
-            self._receiver = ReceiverServer(ModelWeightReceiver(self.model))
+            host = bind_address(self.cfg.resources.bind)
+            self._receiver = ReceiverServer(ModelWeightReceiver(self.model), host=host)
             self._receiver.start()
         return self._receiver.url
 
@@ -116,25 +118,8 @@ class ActorFwdRole(PlaneClient):
             await self.plane.put_columns(partition, data.indexes, {self.column: tensor_column(logp)})
             done += len(data)
 
-    async def start(self, first_step: int) -> None:
-        self._task = asyncio.create_task(self._run(first_step))
-
-    async def _run(self, step: int) -> None:
-        while step <= self.cfg.trainer.num_steps:
-            await self.process(step)
-            step += 1
-
-    async def metrics(self, step: int) -> dict[str, float]:
-        if self._task is not None and self._task.done() and self._task.exception() is not None:
-            raise self._task.exception()
-        return {}
-
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await super().stop()
         if self._receiver is not None:
             self._receiver.stop()
             self._receiver = None

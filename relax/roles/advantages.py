@@ -10,7 +10,6 @@ A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`),
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 
@@ -28,7 +27,8 @@ from relax.data.columns import (
     partition_name,
 )
 from relax.data.rows import tensor_column
-from relax.dataplane.plane import STAGE_POLL_S, DataPlane, PlaneClient
+from relax.dataplane.plane import STAGE_POLL_S, DataPlane
+from relax.roles.stage import StageRole
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def advantage_inputs(columns: dict[str, list], pi_old: str) -> TrainBatch:
     )
 
 
-class AdvantagesRole(PlaneClient):
+class AdvantagesRole(StageRole):
     def __init__(self, cfg: RelaxConfig, plane: DataPlane | None = None) -> None:
         from relax.utils.logging import setup_logging
 
@@ -120,25 +120,3 @@ class AdvantagesRole(PlaneClient):
         if batch.returns is not None:
             columns[RETURNS] = tensor_column(batch.returns)
         await self.plane.put_columns(partition, data.indexes, columns)
-
-    async def start(self, first_step: int) -> None:
-        self._task = asyncio.create_task(self._run(first_step))
-
-    async def _run(self, step: int) -> None:
-        while step <= self.cfg.trainer.num_steps:
-            await self.process(step)
-            step += 1
-
-    async def metrics(self, step: int) -> dict[str, float]:
-        """Raises the background loop's failure. The step's metrics travel with its rows
-        (`ADVANTAGES_METRICS`), so this returns {}."""
-        if self._task is not None and self._task.done() and self._task.exception() is not None:
-            raise self._task.exception()
-        return {}
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None

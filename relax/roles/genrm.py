@@ -1,7 +1,7 @@
 """The GenRM role: an LLM-as-judge reward service with its own inference engines.
 
 Deployed as its own Serve application ``genrm`` when ``reward.genrm`` is set
-(``relax.orchestration.registry.roles_for_mode``); the ``genrm`` reward (``relax/rewards/genrm.py``)
+(``relax.orchestration.registry.roles_for``); the ``genrm`` reward (``relax/rewards/genrm.py``)
 calls ``judge`` by handle from the Rollout replica or a reward-pool worker.
 
 Per request: render the judge prompt of every item from ``GenRMConfig.prompt_template``, wrap it in the
@@ -25,6 +25,7 @@ from relax.data.dataset import tokenize_prompt
 from relax.rewards.genrm import GenRMConfig, JudgeResult, parse_verdict, render_judge_prompt
 from relax.rollout.router import Router
 from relax.utils.microbatch import MicroBatcher
+from relax.utils.placement import ray_placement
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class GenRMRole:
 
         setup_logging()
         g = cfg if isinstance(cfg, GenRMConfig) else cfg.reward.genrm
+        bind = "auto" if isinstance(cfg, GenRMConfig) else cfg.resources.bind
         if g is None:
             raise ValueError("the GenRM role needs reward.genrm (set reward.genrm.model_path)")
         self.cfg = g
@@ -62,7 +64,12 @@ class GenRMRole:
                 "seed": 0,
             }
             self.engine_group = EngineGroup(
-                g.model_path, g.num_engines, engine_kwargs, num_cpus=g.engine_cpus
+                g.model_path,
+                g.num_engines,
+                engine_kwargs,
+                num_cpus=g.engine_cpus,
+                bind=bind,
+                placement={} if isinstance(cfg, GenRMConfig) else ray_placement(cfg, "engines"),
             )
             urls = self.engine_group.urls
         self.router = Router(urls, timeout_s=g.request_timeout_s)

@@ -1,15 +1,17 @@
-"""The Rollout role: draws prompts, generates responses on the inference engines through the router,
-scores them, and streams the `Sample`s (with the weight versions that produced them) into the step's
-data-plane partition: one step on request (colocate), or running ahead in a background task gated by
-the staleness rule (hybrid, fully_async), with weight updates in between or during generation.
+"""The Rollout role: draws prompts, generates responses on the inference engines, scores them, and
+streams the `Sample`s (with the weight versions that produced them) into the step's data-plane
+partition: one step on request (colocate), or running ahead in a background task gated by the staleness
+rule (hybrid, fully_async), with weight updates in between or during generation.
 
-A plain class: Ray Serve deploys it (`relax.orchestration.service.deploy_role`), tests call it directly.
+A façade over four parts: the engine fleet (`relax.ops.fleet`: engines, router, replacement, elastic
+API), the rollout loop and its step producer/assembler (`relax.rollout`), the step ledger
+(`relax.rollout.ledger`: what is drawn, written and trained) and the staleness gate. A plain class: Ray
+Serve deploys it (`relax.orchestration.service`), tests call it directly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -22,14 +24,15 @@ from relax.data.dataset import PromptSource, load_prompt_files
 from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
 from relax.dataplane.plane import DataPlane, PlaneClient, RowWriter
-from relax.ops.engine_recovery import EngineSupervisor
+from relax.ops.fleet import EngineFleet
 from relax.rewards import build_scorer
 from relax.rollout.evaluator import Evaluator
+from relax.rollout.ledger import StepLedger
 from relax.rollout.loop import RolloutLoop
-from relax.rollout.router import Router
 from relax.rollout.staleness import StalenessGate
 from relax.rollout.step_assembler import StepAssembler
 from relax.rollout.step_producer import StepProducer
+from relax.utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -49,114 +52,56 @@ class RolloutRole(PlaneClient):
         rows = load_prompt_files(cfg.data.train_files, cfg.data)
         self.source = PromptSource(rows, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        self.engine_group = None
-        urls = list(cfg.rollout.engine_urls)
-        engine_kwargs = {
-            "dtype": cfg.model.dtype,
-            "max_running": cfg.rollout.engine_max_running,
-            "threads": cfg.rollout.engine_threads,
-            "seed": cfg.run.seed,
-        }
-        if cfg.rollout.engine == "embedded":
-            from relax.backends.inference.engine_actors import EngineGroup
-
-            self.engine_group = EngineGroup(
-                cfg.model.path,
-                cfg.rollout.num_engines,
-                engine_kwargs,
-                num_gpus=cfg.resources.engine_gpus or 0.0,
-                gpu_group=cfg.resources.gpu_group,
-                cpus=cfg.resources.rollout_cpus,
-            )
-            urls = self.engine_group.urls
-        self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
-        self.engine_supervisor = None  # health hook: replaces failed embedded engines (relax.ops)
-        if self.engine_group is not None:
-            self.engine_supervisor = EngineSupervisor(
-                self.engine_group, self.router, cfg.model.path, engine_kwargs, cfg.ops.heartbeat_interval_s
-            )
-        self.loop = RolloutLoop(
-            cfg, self.tokenizer, self.router, build_scorer(cfg.reward), agent_factory(cfg, self.tokenizer)
-        )
+        self.fleet = EngineFleet(cfg)
+        self.router = self.fleet.router
+        scorer = build_scorer(cfg.reward)
+        self.loop = RolloutLoop(cfg, self.tokenizer, self.router, scorer, agent_factory(cfg, self.tokenizer))
         self.evaluator = Evaluator(cfg, self.loop)
         self.producer = StepProducer(cfg, self.loop, self.source)
-        self.assembler = StepAssembler(
-            cfg.rollout.prompts_per_step, cfg.rollout.batch_order, self._write, cfg.rollout.over_provision
-        )
+        r = cfg.rollout
+        self.assembler = StepAssembler(r.prompts_per_step, r.batch_order, self._write, r.over_provision)
+        self.ledger = StepLedger(self.assembler)
         self._writer: RowWriter | None = None  # groups finished together go out in one put
         # connected on first use (eval-only runs have no data plane)
         self._plane, self._plane_kind = plane, cfg.schedule.data_plane
         self.gate: StalenessGate | None = None
         self._ahead_task: asyncio.Task | None = None
         self._step_error: BaseException | None = None  # the first failed step running ahead
-        self._finished: set[int] = set()  # steps whose producer wrote all its groups
-        self._ahead: dict[int, int] = {}  # step -> steps ahead of training when it started
-        self._source_states: dict[int, dict] = {}  # step -> prompt position before it was drawn
-        self._targets: dict[int, set[int]] = {}  # producer step -> steps its groups went to
-        self._produced: dict[int, dict[str, float]] = {}  # finished producer step -> its own metrics
-        self._trained = 0  # last training step whose weights the engines hold
-        self.elastic, self._elastic_server = None, None
-        if cfg.rollout.elastic.enabled:
-            self._start_elastic(engine_kwargs)
+        if cfg.rollout.elastic.enabled and (url := self.fleet.start_elastic()) is not None:
+            from relax.ops.elastic_api import record_endpoint
 
-    # -- elastic scaling (relax/ops, docs/elastic_api.md) ------------------------------------
-    def _start_elastic(self, engine_kwargs: dict) -> None:
-        """Serve the elastic API; needs the event loop the role's async methods run on (Serve's)."""
-        from relax.ops.elastic_api import ElasticServer, record_endpoint
-        from relax.ops.elastic_manager import ElasticManager
+            record_endpoint(cfg.run.run_dir, "elastic_api", url)
 
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            logger.info("elastic API not started: the rollout runs outside an event loop")
-            return
-        provider = None
-        with contextlib.suppress(ImportError):
-            import ray
-
-            if ray.is_initialized():
-                from relax.backends.inference.engine_actors import RayEngineProvider
-
-                provider = RayEngineProvider(
-                    self.cfg.model.path,
-                    engine_kwargs,
-                    num_gpus=self.cfg.resources.engine_gpus or 0.0,
-                    cpus=self.cfg.resources.rollout_cpus,
-                )
-        e = self.cfg.rollout.elastic
-        self.elastic = ElasticManager(
-            self.router,
-            self.router.urls(),
-            provider=provider,
-            operation_timeout_s=e.operation_timeout_s,
-            drain_timeout_s=e.drain_timeout_s,
-            max_engines=e.max_engines,
-        )
-        self._elastic_server = ElasticServer(self.elastic, loop, e.host, e.port)
-        record_endpoint(self.cfg.run.run_dir, "elastic_api", self._elastic_server.start())
+    # -- engines (relax/ops/fleet.py): the weight push's questions ------------------------------
+    def engine_urls(self) -> list[str]:
+        return self.fleet.urls()
 
     async def elastic_plan(self) -> list[str] | None:
         """Before a weight push: the engines the weight-sync group should have, or None if unchanged."""
-        return self.elastic.plan() if self.elastic is not None else None
+        return self.fleet.plan()
 
     async def elastic_join_failed(self, error: str) -> list[str]:
-        return await self.elastic.join_failed(error)
+        return await self.fleet.elastic.join_failed(error)
 
     async def elastic_group_formed(self, urls: list[str]) -> None:
-        await self.elastic.group_formed(urls)
+        await self.fleet.elastic.group_formed(urls)
 
     async def elastic_pushed(self, version: int) -> None:
-        await self.elastic.pushed(version)
+        await self.fleet.elastic.pushed(version)
 
-    def engine_urls(self) -> list[str]:
-        return self.router.urls()
+    async def replace_dead_engines(self) -> dict:
+        """Replace failed engines; `urls` is the weight-sync group to form, `replaced` how many."""
+        return await self.fleet.replace_dead()
+
+    def admit_engines(self) -> list[str]:
+        """Replacement engines that received the current weights start taking requests."""
+        return self.fleet.admit()
 
     # -- training rollout: one step now (colocate) or running ahead (hybrid, fully_async) -----------
     async def _write(self, step: int, group: list[Sample]) -> None:
         contexts = self.cfg.rollout.agent.contexts_per_sample
         if self._writer is None:
-            r = self.cfg.rollout
-            self._writer = RowWriter(self.plane, groups_per_put(self.cfg), r.prompts_per_step)
+            self._writer = RowWriter(self.plane, groups_per_put(self.cfg), self.cfg.rollout.prompts_per_step)
         await self._writer.write(partition_name(step), samples_to_rows(group, contexts))
 
     async def generate(self, step: int) -> dict[str, float]:
@@ -166,36 +111,12 @@ class RolloutRole(PlaneClient):
 
     async def _produce(self, step: int) -> None:
         """Draw step `step`'s prompts and write its groups, each where `rollout.batch_order` sends it."""
-        self._source_states[step] = self.source.state_dict()  # the data position before this step
-        self._targets[step] = set()
-        self.assembler.open(step)
+        self.ledger.open(step, self.source.state_dict())
 
         async def sink(group: list[Sample], stats: object) -> None:
-            self._targets[step].add(await self.assembler.put(step, group, stats))
+            self.ledger.wrote(step, await self.assembler.put(step, group, stats))
 
-        self._produced[step] = await self.producer.produce(step, sink, self.assembler.quota())
-        self._finished.add(step)
-
-    def _ready(self, step: int) -> bool:
-        if self.assembler.order == "step":
-            return step in self._produced
-        return self.assembler.is_complete(step)
-
-    def _collect(self, step: int) -> dict[str, float]:
-        """Step order: the producer's metrics; completion order: metrics of the groups the step trains
-        on, with the dynamic-sampling figures of the latest finished producer."""
-        if self.assembler.order == "step":
-            self.assembler.steps.pop(step, None)
-            return self._produced.pop(step)
-        metrics = self.assembler.collect(step)
-        done = [s for s in self._produced if s <= step]
-        if done:
-            extra = self._produced[max(done)]
-            metrics.update({k: v for k, v in extra.items() if k.startswith("rollout/ds_")})
-            for s in done:
-                self._produced.pop(s)
-        metrics["rollout/aborted_requests"] = float(self.loop.inflight.num_aborted)
-        return metrics
+        self.ledger.finish(step, await self.producer.produce(step, sink, self.assembler.quota()))
 
     async def start(self, first_step: int) -> None:
         """Run ahead from `first_step` in the background, gated by the staleness rule."""
@@ -215,8 +136,7 @@ class RolloutRole(PlaneClient):
         steps: set[asyncio.Task] = set()
         try:
             while step <= self.cfg.trainer.num_steps and self._step_error is None:
-                ahead = await self.gate.wait_until_may_start(step)
-                self._ahead[step] = ahead
+                self.ledger.ahead[step] = await self.gate.wait_until_may_start(step)
                 task = asyncio.create_task(self._produce(step), name=f"rollout-step-{step}")
                 task.add_done_callback(self._step_done)
                 steps.add(task)
@@ -245,30 +165,27 @@ class RolloutRole(PlaneClient):
     async def metrics(self, step: int) -> dict[str, float]:
         """Wait until step `step`'s data is complete; its rollout metrics (re-raises a running-ahead
         step's failure)."""
-        while not self._ready(step):
+        while not self.ledger.ready(step):
             if (err := self._failure()) is not None:
                 raise err
             if step not in self.assembler.steps and (self._ahead_task is None or self._ahead_task.done()):
                 raise RuntimeError(f"rollout is not running ahead; step {step} will never be generated")
             await asyncio.sleep(0.01)
-        return {**self._collect(step), "staleness/rollout_ahead": float(self._ahead.pop(step, 0))}
+        return self.ledger.collect(step, {"rollout/aborted_requests": float(self.loop.inflight.num_aborted)})
 
     async def check(self) -> None:
         """Raise the background rollout's failure, if it failed."""
         if (err := self._failure()) is not None:
             raise err
 
+    # -- the weight push (relax/orchestration/weight_push.py) ----------------------------------
     async def prepare_weight_update(self, replace_dead: bool, metrics_step: int | None = None) -> dict:
-        """`begin_weight_update`, then `elastic_plan`, then (only when the plan is None, and with
-        `replace_dead`) `replace_dead_engines`, in one call: the driver's usual push takes three round
-        trips (prepare, push, finish) instead of six (~8 ms each on 2 CPU cores).
-        A failure of the running-ahead rollout is raised first (so the driver needs no separate
-        `check` between an update and its push). Stopping generation and checking the engines run at
-        once: both wait on the engines (the aborted requests' answers; a /health probe), and the push
-        waits for both (22 -> 12 ms a push on 2 CPU cores).
-        `metrics_step` (streaming modes, the step just trained): its rollout metrics come back too, one
-        Serve call a step less than a separate `metrics` call. They are read before generation stops: a
-        trained step's data is complete, so this does not wait, and nothing it reads waits on a push.
+        """The push's first call: raise the running-ahead rollout's failure, then `elastic_plan`,
+        `begin_weight_update` and (only when the plan is None, and with `replace_dead`)
+        `replace_dead_engines`, in one Serve call instead of several. Stopping generation and checking
+        the engines run at once: both wait on the engines, and the push waits for both.
+        `metrics_step` (streaming modes, the step just trained): its rollout metrics come back too. They
+        are read before generation stops: a trained step's data is complete, so this does not wait.
         Returns {"plan": elastic_plan's answer, "replaced": replace_dead_engines' answer or None,
         "metrics": the step's rollout metrics (empty without `metrics_step`)}."""
         await self.check()
@@ -281,7 +198,8 @@ class RolloutRole(PlaneClient):
         return {"plan": plan, "replaced": replaced, "metrics": metrics}
 
     async def finish_weight_update(self, trained_step: int, admit: bool) -> list[str]:
-        """`admit_engines` (after a push that reached them) and `end_weight_update`, in one call."""
+        """The push's last call: `admit_engines` (after a push that reached them), then
+        `end_weight_update`."""
         admitted = self.admit_engines() if admit else []
         await self.end_weight_update(trained_step)
         return admitted
@@ -296,23 +214,11 @@ class RolloutRole(PlaneClient):
         await self.loop.inflight.end_update()
         if self.gate is not None:
             await self.gate.mark_consumed(trained_step)
-        self._trained = trained_step
-        for s in [s for s in self._source_states if self._settled(s)]:
-            self._source_states.pop(s)
-            self._targets.pop(s, None)
-            self._finished.discard(s)
-
-    def _settled(self, step: int) -> bool:
-        """Every group step `step`'s producer drew is written and trained."""
-        targets = self._targets.get(step)
-        return step in self._finished and max(targets or {step}) <= self._trained
+        self.ledger.mark_trained(trained_step)
 
     async def stop(self) -> None:
-        if self._ahead_task is not None:
-            self._ahead_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._ahead_task
-            self._ahead_task = None
+        task, self._ahead_task = self._ahead_task, None
+        await cancel_and_wait(task)
 
     async def evaluate(self, step: int, out_dir: str | None = None) -> dict[str, float]:
         """Evaluate every configured held-out set on the engines' current weights; response samples go
@@ -322,36 +228,13 @@ class RolloutRole(PlaneClient):
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: str) -> None:
         """The data position of training: prompts of steps generated ahead are not counted."""
-        pending = [s for s in self._source_states if not self._settled(s)]
-        state = self._source_states[min(pending)] if pending else self.source.state_dict()
+        state = self.ledger.data_position(self.source.state_dict())
         Path(path).write_text(json.dumps({"source": state}))
 
     def load(self, path: str) -> None:
         self.source.load_state_dict(json.loads(Path(path).read_text())["source"])
 
-    # -- health hook: engine replacement before a weight push (relax/ops/engine_recovery.py) ------
-    async def replace_dead_engines(self) -> dict:
-        """Replace failed engines; `urls` is the weight-sync group to form, `replaced` how many."""
-        if self.engine_supervisor is None:
-            return {"urls": self.router.urls(), "replaced": 0}
-        return await self.engine_supervisor.replace_dead()
-
-    def admit_engines(self) -> list[str]:
-        """Replacement engines that received the current weights start taking requests."""
-        return self.engine_supervisor.admit() if self.engine_supervisor is not None else []
-
     async def stop_engines(self) -> None:
         await self.stop()
-        if self._elastic_server is not None:
-            self._elastic_server.stop()
-            self._elastic_server = None
-        if self.elastic is not None:
-            await self.elastic.close()
-            self.elastic = None
-        if self.engine_supervisor is not None:
-            self.engine_supervisor.stop()
         self.loop.close()
-        await self.router.close()
-        if self.engine_group is not None:
-            await asyncio.to_thread(self.engine_group.stop)
-            self.engine_group = None
+        await self.fleet.close()

@@ -133,11 +133,8 @@ class RolloutLoop:
             if mask_old and out.offpolicy_len:
                 mask[: out.offpolicy_len] = [0] * out.offpolicy_len
             samples.append(
-                Sample(
-                    index=row.index,
-                    prompt=row.prompt,
-                    label=row.label,
-                    metadata=dict(row.metadata),
+                Sample.from_row(
+                    row,
                     prompt_ids=list(prompt_ids),
                     multimodal_inputs=media,
                     group_id=group_id,
@@ -153,12 +150,23 @@ class RolloutLoop:
         return samples
 
     async def generate(
-        self, rows: list[PromptRow], first_group_id: int, params: dict[str, Any], scorer: Any
+        self,
+        rows: list[PromptRow],
+        first_group_id: int,
+        params: dict[str, Any],
+        scorer: Any,
+        on_group: Callable[[], None] | None = None,
     ) -> tuple[list[Sample], dict[str, float]]:
-        """Generate one group per row with `params`, score with `scorer`; returns samples, reward metrics."""
-        groups = await asyncio.gather(
-            *(self._generate_group(r, first_group_id + i, params) for i, r in enumerate(rows))
-        )
+        """Generate one group per row with `params`, score with `scorer`; returns samples, reward metrics.
+        `on_group` is called as each row's group finishes generating (progress reports)."""
+
+        async def one(row: PromptRow, group_id: int) -> list[Sample]:
+            group = await self._generate_group(row, group_id, params)
+            if on_group is not None:
+                on_group()
+            return group
+
+        groups = await asyncio.gather(*(one(r, first_group_id + i) for i, r in enumerate(rows)))
         samples = [s for g in groups for s in g]
         for s in samples:
             if not s.response_text and s.response_ids:

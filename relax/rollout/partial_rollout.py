@@ -103,8 +103,8 @@ class InflightRequests:
     async def begin_update(self) -> None:
         """Close the gate; then pause the engines in place, or abort what may be aborted (partial
         rollout) and wait for the rest to end. In place, engines that load a push without a pause are
-        left generating, and when all are, the gate stays open: a push then stops nothing (on 2 CPU cores
-        the pause and the resume held fully_async's weight push, which paces its steps, for ~10-15 ms)."""
+        left generating, and when all are, the gate stays open: a push then stops nothing (a pause and
+        resume would hold fully_async's weight push, which paces its steps; docs/measurements.md)."""
         if self.in_place:
             clients = [entry.client for entry in self.router.engines.values()]
             live = await asyncio.gather(*(self._loads_live(c) for c in clients))

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.engine_api.client import EngineClient, EngineRequestError, EngineUnavailableError
+from relax.utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -187,10 +187,7 @@ class Router:
         )
 
     async def close(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await self._health_task
-            self._health_task = None
+        task, self._health_task = self._health_task, None
+        await cancel_and_wait(task)
         for entry in [*self.engines.values(), *self._retired]:
             await entry.client.close()

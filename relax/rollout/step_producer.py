@@ -2,8 +2,8 @@
 scored group is handed to a sink (the data plane) at once, so downstream roles start before the step's
 slowest sample ends. Hand-overs run concurrently: a group that finishes while an earlier group's write is
 in flight does not wait for it (the Rollout's `RowWriter` then sends them out together). Awaiting each
-write in turn put one data-plane round trip per group on the step's critical path: on 2 CPU cores the
-16 writes of a step ran back to back at 5-24 ms each, most of the step's rollout time.
+write in turn put one data-plane round trip per group on the step's critical path, most of a step's
+rollout time on a small host (docs/measurements.md).
 
 Dynamic sampling (DAPO, `algorithm.dynamic_sampling`) filters as groups finish: a group whose rewards
 all agree (`filter_groups_dynamic_sampling`) is held back, and further rounds draw fresh prompts until

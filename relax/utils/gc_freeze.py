@@ -3,8 +3,8 @@
 A Relax role holds a few hundred thousand objects once torch, transformers, Ray and its model are loaded
 (about 420 thousand in a Rollout or Actor replica on the toy task). Python's oldest-generation collection
 walks all of them, and the rows a step moves through the data plane allocate enough to trigger one every
-few steps: each took 0.35-0.4 s of a 2-core machine's CPU, and showed up as a data-plane read that took
-0.5 s instead of 0.1 s (`perf/actor_wait_data_s`). `gc.freeze()` after start-up moves those objects to a
+few steps, each a pause of a large fraction of a second on a small host that showed up as a slow
+data-plane read (`perf/actor_wait_data_s`; docs/measurements.md). `gc.freeze()` after start-up moves those objects to a
 permanent generation that collections skip, the remedy CPython documents for this case (and that
 long-running inference servers apply after loading). Objects created later are collected as before; the
 frozen ones are start-up state that lives as long as the process anyway.

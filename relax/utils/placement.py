@@ -53,3 +53,17 @@ def bundle_options(group: str | None, index: int) -> dict:
     pg = get_placement_group(group)
     idx = index % len(pg.bundle_specs)
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=idx)}
+
+
+def ray_placement(cfg: Any, key: str) -> dict[str, Any]:
+    """Ray `.options(...)` (and Serve `ray_actor_options`) for `resources.placement.<key>`: the custom
+    resources and node label selector the user gave that role or actor group, or {} (anywhere)."""
+    p = cfg.resources.placement.get(key)
+    if p is None:
+        return {}
+    out: dict[str, Any] = {}
+    if p.resources:
+        out["resources"] = dict(p.resources)
+    if p.label_selector:
+        out["label_selector"] = dict(p.label_selector)
+    return out

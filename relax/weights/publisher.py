@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -23,29 +22,13 @@ import torch
 from torch import Tensor
 
 from relax.engine_api.client import EngineClient
+from relax.utils.net import free_port, node_ip
 from relax.weights import ipc as weight_ipc
 from relax.weights import sync_group as weight_sync
 
 logger = logging.getLogger(__name__)
 
 Named = list[tuple[str, Tensor]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def node_ip() -> str:
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray the loopback address is right
-        pass
-    return "127.0.0.1"
 
 
 def local_uuid() -> str | None:
@@ -107,14 +90,18 @@ class WeightPublisher:
         ipc: bool = True,
         force_flat: bool = False,
         device: torch.device | None = None,
+        host: str | None = None,
     ) -> None:
         """`backend`: nccl, gloo, or auto for the group: NCCL when the weights are on a GPU (`device`, the
         trainer's; None: whenever this process sees one), else gloo, so a trainer pinned to the CPU on a
         GPU host sends through gloo (NCCL cannot broadcast its host tensors).
         `flatten`: one NCCL broadcast per bucket (Relax receivers) instead of one per tensor (SGLang).
         gloo keeps one per tensor unless `force_flat`: its per-tensor sends overlap, a single large one
-        does not (1.1 s against 1.9 s for 1 GB between two GPUs through host memory).
-        `ipc`: serve receivers on this process's GPU by CUDA IPC."""
+        does not (docs/measurements.md).
+        `ipc`: serve receivers on this process's GPU by CUDA IPC.
+        `host`: the address the group's rendezvous listens on, which the receivers connect to (this node's
+        address on a cluster; default: Ray's node IP, loopback outside Ray)."""
+        self.host = host
         self.bucket_bytes = bucket_bytes
         self.backend = backend
         self.group_name = group_name
@@ -152,8 +139,9 @@ class WeightPublisher:
             backend = self.backend
             if backend == "auto":
                 backend = "nccl" if on_gpu else "gloo"
+            host = self.host or node_ip()
             self.group = await weight_sync.init_weight_sync(
-                self.clients, node_ip(), free_port(), backend=backend, group_name=self.group_name
+                self.clients, host, free_port(host), backend=backend, group_name=self.group_name
             )
         logger.info(
             "weight sync (rank %d): %d receiver(s) in group %s (%s), %d by CUDA IPC",

@@ -1,6 +1,7 @@
 """A weight-sync receiver for a training-side model (ActorFwd): the weight endpoints of the engines'
 protocol (`/init_weights_update_group`, `/update_weights_from_distributed`, `/update_weights_from_ipc`,
-`/destroy_weights_update_group`, `/get_model_info` with the GPU's UUID) on 127.0.0.1, so the trainer's
+`/destroy_weights_update_group`, `/get_model_info` with the GPU's UUID) on the address it is given
+(`resources.bind`: 127.0.0.1 on one machine, the node's address on a cluster), so the trainer's
 publisher treats the model like one more engine: a rank of its broadcast group on another GPU, a CUDA
 IPC receiver on the trainer's own GPU; no host copy either way.
 
@@ -132,7 +133,7 @@ def build_receiver_app(receiver: ModelWeightReceiver) -> FastAPI:
 
 
 class ReceiverServer:
-    """Serves a `ModelWeightReceiver` with uvicorn in a daemon thread on 127.0.0.1 (port 0 = free)."""
+    """Serves a `ModelWeightReceiver` with uvicorn in a daemon thread on `host` (port 0 = free)."""
 
     def __init__(self, receiver: ModelWeightReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn

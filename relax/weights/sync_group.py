@@ -7,8 +7,7 @@ Two transports, one contract (the engine loads tensors by Hugging Face name and 
   its own FSDP group. Store keys follow `torch.distributed`'s own group helper as SGLang uses it
   (`<group>` / `<group>/` / `<device>/` prefixes over the store), so the trainer side also works with
   real SGLang engines; one broadcast per tensor, in the order the engines were told.
-* safetensors on disk (`save_weights_to_disk` + `/update_weights_from_disk`) for engines that cannot
-  join a process group.
+* safetensors on disk (`relax.weights.disk`) for engines that cannot join a process group.
 
 Sender sequence (`push_weights`): per bucket, start `/update_weights_from_distributed` on every engine
 (they begin receiving), broadcast the bucket, then await the HTTP answers. The version is sent with the
@@ -23,7 +22,6 @@ import logging
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -190,22 +188,6 @@ def create_group(
     return WeightSyncGroup(pg, store, rank, world_size, backend, group_name, torch.device(device))
 
 
-def bucketize(
-    named_tensors: Iterable[tuple[str, Tensor]], bucket_bytes: int
-) -> list[list[tuple[str, Tensor]]]:
-    """Split into consecutive buckets of at most `bucket_bytes` (a larger tensor gets a bucket alone)."""
-    buckets: list[list[tuple[str, Tensor]]] = [[]]
-    size = 0
-    for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
-        if buckets[-1] and size + nbytes > bucket_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append((name, t))
-        size += nbytes
-    return [b for b in buckets if b]
-
-
 async def init_weight_sync(
     engine_clients: Sequence[Any],
     master_address: str,
@@ -231,40 +213,6 @@ async def init_weight_sync(
     return join.result()
 
 
-async def push_weights(
-    group: WeightSyncGroup,
-    engine_clients: Sequence[Any],
-    named_tensors: Iterable[tuple[str, Tensor]],
-    version: int | str,
-    bucket_bytes: int = 512 << 20,
-) -> None:
-    """Broadcast `named_tensors` to every engine of `group`, bucket by bucket; they report `version`."""
-    buckets = bucketize(named_tensors, bucket_bytes)
-    for i, bucket in enumerate(buckets):
-        last = i == len(buckets) - 1
-        names = [n for n, _ in bucket]
-        dtypes = [dtype_name(t.dtype) for _, t in bucket]
-        shapes = [list(t.shape) for _, t in bucket]
-        calls = [
-            asyncio.create_task(
-                c.update_weights_from_distributed(
-                    names,
-                    dtypes,
-                    shapes,
-                    group.name,
-                    weight_version=str(version) if last else None,
-                    flush_cache=last,
-                )
-            )
-            for c in engine_clients
-        ]
-        send = asyncio.create_task(asyncio.to_thread(group.broadcast, [t for _, t in bucket]))
-        await _all_or_first_error([send, *calls])
-    logger.debug(
-        "weights v%s pushed: %d tensors in %d buckets", version, sum(map(len, buckets)), len(buckets)
-    )
-
-
 async def _all_or_first_error(tasks: list[asyncio.Task]) -> None:
     """Await all tasks; on the first failure cancel the rest and raise it (a broadcast thread blocked on a
     dead peer ends at the group's timeout)."""
@@ -280,7 +228,8 @@ def without_tied(named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]
     """Drop each tensor that is a view of the same memory as one kept before it: the LM head of a
     tied-embedding model (`lm_head.weight` is `embed_tokens.weight`). Receivers tie them the same way
     (the transformers model class at load; SGLang skips `lm_head.weight` under `tie_word_embeddings`),
-    so the embedding alone updates both; sending the head again cost 22% of a Qwen2.5-0.5B push."""
+    so the embedding alone updates both; sending the head again is a sizeable share of a small model's
+    push (docs/measurements.md)."""
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     out = []
     for name, t in named:
@@ -288,24 +237,4 @@ def without_tied(named: Iterable[tuple[str, Tensor]]) -> list[tuple[str, Tensor]
         if key not in seen:
             seen.add(key)
             out.append((name, t))
-    return out
-
-
-def save_weights_to_disk(named_tensors: Iterable[tuple[str, Tensor]], out_dir: str | Path) -> Path:
-    """Write `model.safetensors` in `out_dir` (for `/update_weights_from_disk`); returns the folder."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    seen: set[int] = set()
-    tensors: dict[str, Tensor] = {}
-    for name, t in named_tensors:
-        t = t.detach().to("cpu").contiguous()
-        if t.data_ptr() in seen:  # tied weights share storage; safetensors refuses shared tensors
-            t = t.clone()
-        seen.add(t.data_ptr())
-        tensors[name] = t
-    tmp = out / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out / "model.safetensors")
     return out

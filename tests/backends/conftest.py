@@ -4,7 +4,6 @@ shared engine server on 127.0.0.1, and the trainer's view of the same weights (`
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -40,15 +39,6 @@ def _write_tiny(out: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return _write_tiny(tmp_path_factory.mktemp("tiny_qwen2"))
-
-
-@pytest.fixture(scope="session")
-def bare_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    """The same checkpoint without tokenizer files: the engine must serve token ids without one."""
-    out = tmp_path_factory.mktemp("tiny_qwen2_bare")
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(tiny_model_dir / name, out / name)
-    return out
 
 
 @pytest.fixture(scope="session")

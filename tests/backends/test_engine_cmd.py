@@ -6,9 +6,9 @@ import argparse
 import signal
 
 import httpx
-from engine_helpers import engine_process
 
 from relax.entrypoints.engine_cmd import add_engine_parser
+from tests.engine_helpers import engine_process
 
 
 def test_parser_builds_the_serve_command():

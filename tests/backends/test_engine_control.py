@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 import torch
-from engine_helpers import run, trainer_logprobs
+
+from tests.engine_helpers import run, trainer_logprobs
 
 LONG = {"max_new_tokens": 400, "ignore_eos": True}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from engine_helpers import greedy_reference, run, trainer_logprobs
 
 from relax.engine_api.client import EngineClient, GenerateOutput
+from tests.engine_helpers import greedy_reference, run, trainer_logprobs
 
 PROMPT = [11, 22, 33, 44, 55]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from engine_helpers import free_port, run
 
 from relax.engine_api.client import EngineClient, EngineRequestError, EngineUnavailableError
+from tests.engine_helpers import free_port, run
 
 
 def post(url: str, path: str, body) -> httpx.Response:

@@ -11,7 +11,6 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from relax.backends.inference.launcher import free_port
 from relax.backends.inference.sglang import (
     SGLangServer,
     SGLangServerConfig,
@@ -21,6 +20,7 @@ from relax.backends.inference.sglang import (
     launch_ray_native,
 )
 from relax.engine_api.client import EngineClient, EngineUnavailableError
+from relax.utils.net import free_port
 
 
 def fake_config(model_dir, **kw) -> SGLangServerConfig:

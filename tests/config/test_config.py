@@ -125,3 +125,25 @@ def test_every_example_config_validates(path):
     """The shipped examples stay valid as the schema changes (the e2e tests start from tests/toy_arith.yaml)."""
     cfg = load_config(path)
     assert cfg.trainer.num_steps > 0
+
+
+def test_auto_settings_resolve_to_what_runs(tmp_path):
+    """config.yaml records what ran: the schedule's auto knobs are filled with what they resolve to."""
+    from relax.config.modes import actor_fetches_ahead, overlaps_push, resolve_auto
+
+    for mode in ("colocate", "hybrid", "fully_async"):
+        cfg = load_config(None, ["model.path=m", "data.train_files=[d]", f"schedule.mode={mode}"])
+        before = (overlaps_push(cfg), actor_fetches_ahead(cfg))
+        resolve_auto(cfg)
+        assert (cfg.schedule.overlap_push, cfg.schedule.fetch_ahead) == before
+        assert (overlaps_push(cfg), actor_fetches_ahead(cfg)) == before
+
+
+def test_moved_keys_still_work_with_a_warning():
+    with pytest.warns(FutureWarning, match=r"resources.mode is now schedule.mode"):
+        cfg = load_config(None, ["model.path=m", "data.train_files=[d]", "resources.mode=hybrid"])
+    assert cfg.schedule.mode == "hybrid"
+    with pytest.raises(ConfigError, match="both set"):
+        load_config(
+            None, ["model.path=m", "data.train_files=[d]", "resources.mode=hybrid", "schedule.mode=colocate"]
+        )

@@ -60,3 +60,6 @@ def test_eval_in_run_and_eval_only(ray_cluster, tiny_model_dir, arith_file, tmp_
     for key in ("reward_mean", "pass@1", "response_len_mean"):
         assert again[f"eval/arith/{key}"] == pytest.approx(rows[step][f"eval/arith/{key}"]), key
     assert (run_dir / "eval_only" / "metrics.jsonl").exists()
+    # what `relax eval`'s progress bar followed, at its end
+    progress = json.loads((run_dir / "eval_only" / "progress.json").read_text())
+    assert progress == {"done": 12, "total": 12, "set": "arith"}

@@ -20,7 +20,7 @@ import pytest
 
 from relax.config import load_config
 from relax.orchestration.controller import Controller
-from relax.weights.publisher import free_port
+from relax.utils.net import free_port
 
 pytestmark = pytest.mark.slow
 

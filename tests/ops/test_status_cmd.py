@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from relax.entrypoints.cli import main
-from relax.weights.publisher import free_port
+from relax.utils.net import free_port
 
 
 def test_status_of_a_finished_run(tmp_path, capsys):

@@ -13,11 +13,11 @@ import pytest
 from relax.backends.inference.launcher import (
     ServerProcess,
     embedded_engine_command,
-    free_port,
     server_url,
 )
 from relax.engine_api.client import EngineClient
 from relax.rollout.router import NoHealthyEngineError, Router
+from relax.utils.net import free_port
 
 PROMPT = [5, 6, 7, 8]
 ENGINE_ARGS = ("--threads", "1", "--dtype", "float32", "--max-running", "16", "--seed", "0")

@@ -8,27 +8,23 @@ import threading
 
 import pytest
 import torch
-from engine_helpers import free_port, greedy_reference, perturbed_model, run, trainer_logprobs
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.embedded.server import EngineServer
 from relax.engine_api.client import EngineClient, EngineRequestError
-from relax.weights.sync_group import (
-    bucketize,
-    create_group,
-    init_weight_sync,
-    push_weights,
-    save_weights_to_disk,
-    without_tied,
-)
+from relax.weights.disk import DiskPublisher, save_weights
+from relax.weights.publisher import WeightPublisher, stream_buckets
+from relax.weights.sync_group import create_group, without_tied
+from tests.engine_helpers import free_port, greedy_reference, perturbed_model, run, trainer_logprobs
 
 PROMPT = [5, 6, 7, 8]
 
 
-def test_bucketize_keeps_order_and_bounds():
+def test_buckets_keep_order_and_bounds():
     named = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 1])]
-    buckets = bucketize(named, bucket_bytes=80)  # 20 floats
-    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"]]
+    buckets = list(stream_buckets(named, bucket_bytes=80))  # 20 floats
+    assert [[n for n, _ in b] for b, _ in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"]]
+    assert [last for _, last in buckets] == [False, False, True]
 
 
 def test_group_broadcast_and_receive_without_a_default_group():
@@ -75,19 +71,21 @@ def test_push_weights_over_the_group_changes_outputs_and_version(bare_server, ne
     assert before.weight_version == "0"
 
     async def sync():
-        group = await init_weight_sync([client], "127.0.0.1", free_port(), backend="gloo", timeout_s=60)
+        # one broadcast per tensor (SGLang's protocol), as to an engine that takes no flat buckets
+        publisher = WeightPublisher(64 << 10, backend="gloo", flatten=False, ipc=False)
+        await publisher.connect([bare_server.url])
         try:
             # the tied LM head is not sent: the engine's head is its embedding, updated with it
             named = without_tied(new_model.state_dict().items())
             assert "lm_head.weight" not in dict(named) and "model.embed_tokens.weight" in dict(named)
             assert len(named) == len(new_model.state_dict()) - 1
-            await push_weights(group, [client], named, version=3, bucket_bytes=64 << 10)
+            await publisher.publish(named, version=3)
             # an unknown name is refused after the bucket was received, and the group stays usable
             with pytest.raises(EngineRequestError, match="unknown weight"):
-                await push_weights(group, [client], [("no.such.weight", torch.zeros(2))], version=4)
-            await push_weights(group, [client], named[:1], version=5)
+                await publisher.publish([("no.such.weight", torch.zeros(2))], version=4)
+            await publisher.publish(named[:1], version=5)
         finally:
-            group.destroy()
+            await publisher.close()
         return await client.generate(PROMPT, greedy), await client.model_info()
 
     after, info = run(sync())
@@ -101,13 +99,34 @@ def test_push_weights_over_the_group_changes_outputs_and_version(bare_server, ne
 def test_update_weights_from_disk(bare_server, bare_model_dir, new_model, tmp_path):
     client = EngineClient(bare_server.url, timeout_s=60)
     original = AutoModelForCausalLM.from_pretrained(bare_model_dir, dtype=torch.float32).eval()
-    path = save_weights_to_disk(original.state_dict().items(), tmp_path / "v10")
+    path = save_weights(original.state_dict().items(), tmp_path / "v10")
     run(client.update_weights_from_disk(str(path), weight_version="10"))
     out = run(client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}))
     assert out.weight_version == "10"
     assert out.output_ids == greedy_reference(original, PROMPT, 8)
     with pytest.raises(EngineRequestError, match="no \\*.safetensors"):
         run(client.update_weights_from_disk(str(tmp_path / "missing"), weight_version="11"))
+
+
+def test_disk_publisher_loads_each_version_and_keeps_the_two_newest(bare_server, new_model, tmp_path):
+    """`trainer.weight_sync_backend: disk`: each publish is a version folder the engine loads."""
+    client = EngineClient(bare_server.url, timeout_s=60)
+    publisher = DiskPublisher(tmp_path / "weights")
+
+    async def sync():
+        await publisher.connect([bare_server.url])
+        try:
+            for version in (31, 32, 33):
+                await publisher.publish(without_tied(new_model.state_dict().items()), version)
+        finally:
+            await publisher.close()
+        return await client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+
+    out = run(sync())
+    assert out.weight_version == "33"
+    assert out.output_ids == greedy_reference(new_model, PROMPT, 8)
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000032", "v000033"]
+    assert not list((tmp_path / "weights").rglob("*.tmp"))
 
 
 def test_update_without_a_group_is_a_clear_error(bare_server):
@@ -126,12 +145,13 @@ def test_push_weights_over_nccl(bare_model_dir, new_model):
         client = EngineClient(server.url, timeout_s=120)
 
         async def sync():
-            group = await init_weight_sync([client], "127.0.0.1", free_port(), backend="nccl", timeout_s=120)
+            publisher = WeightPublisher(64 << 10, backend="nccl", flatten=False, ipc=False)
+            await publisher.connect([server.url])
             try:
                 named = [(n, t.to("cuda:0")) for n, t in new_model.state_dict().items()]
-                await push_weights(group, [client], named, version=7, bucket_bytes=64 << 10)
+                await publisher.publish(named, version=7)
             finally:
-                group.destroy()
+                await publisher.close()
             return await client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
 
         out = run(sync())
@@ -150,10 +170,10 @@ def test_an_update_during_an_in_place_pause_keeps_requests_and_reports_both_vers
     original = AutoModelForCausalLM.from_pretrained(bare_model_dir, dtype=torch.float32).eval()
     run(
         client.update_weights_from_disk(
-            str(save_weights_to_disk(original.state_dict().items(), tmp_path / "a")), "20"
+            str(save_weights(original.state_dict().items(), tmp_path / "a")), "20"
         )
     )
-    new_path = save_weights_to_disk(new_model.state_dict().items(), tmp_path / "b")
+    new_path = save_weights(new_model.state_dict().items(), tmp_path / "b")
     greedy = {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}
 
     async def go():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import engine_process, greedy_reference, perturbed_model, run
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.embedded.server import EngineServer
@@ -13,6 +12,7 @@ from relax.engine_api.client import EngineClient, EngineRequestError
 from relax.weights import ipc as weight_ipc
 from relax.weights.publisher import WeightPublisher, assign, stream_buckets
 from relax.weights.receiver import ModelWeightReceiver, ReceiverServer
+from tests.engine_helpers import engine_process, greedy_reference, perturbed_model, run
 
 PROMPT = [5, 6, 7, 8]
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}

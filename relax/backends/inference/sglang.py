@@ -24,8 +24,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relax.backends.inference.launcher import ServerProcess, embedded_engine_command, free_port, server_url
+from relax.backends.inference.launcher import ServerProcess, embedded_engine_command, server_url
 from relax.engine_api.client import EngineClient
+from relax.utils.net import free_port, node_ip
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class SGLangServer:
         port = self.cfg.port or free_port(self.cfg.host if self.cfg.host != "0.0.0.0" else "127.0.0.1")
         host = self.cfg.host
         if host == "0.0.0.0":  # reachable from other nodes: advertise this node's address
-            host = _node_ip()
+            host = node_ip()
         self.process = ServerProcess(self.launch_command(self.cfg, port), server_url(host, port))
         self.process.start(timeout_s=self.cfg.startup_timeout_s)
         return self.process.url
@@ -109,15 +110,6 @@ class SGLangServer:
 
     def stop(self) -> int | None:
         return self.process.stop() if self.process is not None else None
-
-
-def _node_ip() -> str:
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray: loopback
-        return "127.0.0.1"
 
 
 def launch_ray_native(

@@ -99,7 +99,7 @@ class FSDPWorker:
     # -- set-up ------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
         """Rank 0: where the others rendezvous (this node's IP and a free port)."""
-        from relax.weights.publisher import free_port, node_ip
+        from relax.utils.net import free_port, node_ip
 
         return node_ip(), free_port()
 

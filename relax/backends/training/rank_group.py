@@ -53,12 +53,15 @@ class TrainerGroup:
         gpus_per_rank: float | None = None,
         gpu_group: str | None = None,
         cpus: str | None = None,
+        placement: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         """`options`: each rank's `FSDPWorker` options (dtype, total_steps, with_reference,
-        reference_path, seed, with_critic). `gpus_per_rank` (None = one GPU on a GPU cluster, else 0),
-        `gpu_group` (colocate: the named placement group shared with the engines), `cpus` (the training
-        CPU budget the ranks are pinned to) say where the ranks run."""
+        reference_path, seed, with_critic). Where the ranks run: `gpus_per_rank` (None = one GPU on a GPU
+        cluster, else 0), `gpu_group` (colocate: the named placement group shared with the engines),
+        `cpus` (the training CPU budget the ranks are pinned to), `placement` (Ray `resources` added to
+        each rank's bundle and a `label_selector` of the nodes the bundles may go to, from
+        `resources.placement.ranks`; a colocate GPU group already places them)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -70,8 +73,16 @@ class TrainerGroup:
             self.pg = None
             placement = [bundle_options(gpu_group, r) for r in range(n)]
         else:
-            bundle = {"CPU": cfg.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
-            self.pg = placement_group([bundle] * n, strategy="PACK")
+            placement_opts = placement or {}
+            bundle = {
+                "CPU": cfg.cpus_per_rank,
+                **({"GPU": gpus} if gpus else {}),
+                **placement_opts.get("resources", {}),
+            }
+            labels = placement_opts.get("label_selector")
+            self.pg = placement_group(
+                [bundle] * n, strategy="PACK", bundle_label_selector=[labels] * n if labels else None
+            )
             wait_for_placement(self.pg, f"{n} training rank(s) of {bundle}")
             placement = [
                 {
@@ -88,7 +99,7 @@ class TrainerGroup:
         if gpus and n > 1 and cfg.ranks_see_all_gpus:
             # Ray would narrow CUDA_VISIBLE_DEVICES to the rank's own GPU; NCCL then cannot use
             # peer-to-peer copies between ranks and goes through host memory (FSDP's gathers and
-            # reduce-scatters were slow: docs/gpus.md). The rank picks its GPU by index instead.
+            # reduce-scatters were slow: docs/trainer.md). The rank picks its GPU by index instead.
             for p in placement:
                 p["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
         self.ranks = [

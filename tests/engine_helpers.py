@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import torch
+
+from relax.utils.net import free_port  # noqa: F401 - the tests import it from here
 
 
 def run(coro):
     """Run a coroutine to completion (the tests are plain functions; no async plugin is needed)."""
     return asyncio.run(coro)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trainer_logprobs(model, prompt: list[int], output: list[int]) -> torch.Tensor:

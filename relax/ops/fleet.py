@@ -1,0 +1,138 @@
+"""The Rollout role's inference engines as one fleet: the embedded engines Relax starts (Ray actors) or
+the external ones it is given, the router that balances requests over them, the supervisor that
+replaces failed embedded engines, and the elastic manager with its REST API (docs/elastic_api.md).
+
+The Rollout role holds one `EngineFleet` and asks it, around each weight push, which engines the
+weight-sync group should have (`plan`, `replace_dead`) and tells it how the push went (`group_formed`,
+`join_failed`, `pushed`, `admit`); `relax.orchestration.weight_push` runs that sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from relax.config import RelaxConfig
+from relax.ops.engine_recovery import EngineSupervisor
+from relax.rollout.router import Router
+from relax.utils.net import bind_address
+from relax.utils.placement import ray_placement
+
+logger = logging.getLogger(__name__)
+
+
+def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
+    """What every embedded engine of the run is started with (besides its model folder)."""
+    return {
+        "dtype": cfg.model.dtype,
+        "max_running": cfg.rollout.engine_max_running,
+        "threads": cfg.rollout.engine_threads,
+        "seed": cfg.run.seed,
+    }
+
+
+class EngineFleet:
+    def __init__(self, cfg: RelaxConfig) -> None:
+        self.cfg = cfg
+        self.group = None  # EngineGroup of the embedded engines (None for external ones)
+        urls = list(cfg.rollout.engine_urls)
+        if cfg.rollout.engine == "embedded":
+            from relax.backends.inference.engine_actors import EngineGroup
+
+            self.group = EngineGroup(
+                cfg.model.path,
+                cfg.rollout.num_engines,
+                engine_kwargs(cfg),
+                num_gpus=cfg.resources.engine_gpus or 0.0,
+                gpu_group=cfg.resources.gpu_group,
+                cpus=cfg.resources.rollout_cpus,
+                bind=cfg.resources.bind,
+                placement=ray_placement(cfg, "engines"),
+            )
+            urls = self.group.urls
+        self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
+        self.supervisor = None  # replaces failed embedded engines before a push (relax.ops.engine_recovery)
+        if self.group is not None:
+            self.supervisor = EngineSupervisor(
+                self.group, self.router, cfg.model.path, engine_kwargs(cfg), cfg.ops.heartbeat_interval_s
+            )
+        self.elastic: Any = None  # ElasticManager, once `start_elastic` ran
+        self._elastic_server: Any = None
+
+    def urls(self) -> list[str]:
+        """The engines that take requests now."""
+        return self.router.urls()
+
+    # -- elastic scaling ---------------------------------------------------------------------
+    def start_elastic(self) -> str | None:
+        """Serve the elastic API on the running event loop (the role's: Serve's); returns its URL, or None
+        outside an event loop (the API needs the loop the role's async methods run on)."""
+        from relax.ops.elastic_api import ElasticServer
+        from relax.ops.elastic_manager import ElasticManager
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            logger.info("elastic API not started: the rollout runs outside an event loop")
+            return None
+        provider = None
+        try:
+            import ray
+
+            if ray.is_initialized():
+                from relax.backends.inference.engine_actors import RayEngineProvider
+
+                provider = RayEngineProvider(
+                    self.cfg.model.path,
+                    engine_kwargs(self.cfg),
+                    num_gpus=self.cfg.resources.engine_gpus or 0.0,
+                    cpus=self.cfg.resources.rollout_cpus,
+                    bind=self.cfg.resources.bind,
+                    placement=ray_placement(self.cfg, "engines"),
+                )
+        except ImportError:
+            pass
+        e = self.cfg.rollout.elastic
+        self.elastic = ElasticManager(
+            self.router,
+            self.router.urls(),
+            provider=provider,
+            operation_timeout_s=e.operation_timeout_s,
+            drain_timeout_s=e.drain_timeout_s,
+            max_engines=e.max_engines,
+        )
+        host = e.host or bind_address(self.cfg.resources.bind)
+        self._elastic_server = ElasticServer(self.elastic, loop, host, e.port)
+        return self._elastic_server.start()
+
+    def plan(self) -> list[str] | None:
+        """Before a weight push: the engines the weight-sync group should have, or None if unchanged."""
+        return self.elastic.plan() if self.elastic is not None else None
+
+    # -- failed engines ----------------------------------------------------------------------
+    async def replace_dead(self) -> dict:
+        """Replace failed embedded engines; `urls` is the weight-sync group to form, `replaced` how many."""
+        if self.supervisor is None:
+            return {"urls": self.router.urls(), "replaced": 0}
+        return await self.supervisor.replace_dead()
+
+    def admit(self) -> list[str]:
+        """Replacement engines that received the current weights start taking requests."""
+        return self.supervisor.admit() if self.supervisor is not None else []
+
+    async def close(self) -> None:
+        """Stop the elastic API and its operations, the supervisor, the router and the engines Relax
+        started (external engines keep running)."""
+        if self._elastic_server is not None:
+            self._elastic_server.stop()
+            self._elastic_server = None
+        if self.elastic is not None:
+            await self.elastic.close()
+            self.elastic = None
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        await self.router.close()
+        if self.group is not None:
+            await asyncio.to_thread(self.group.stop)
+            self.group = None

@@ -1,0 +1,98 @@
+"""Checks before any role starts, so a bad path stops the run in seconds with a clear error instead of a
+role failing on some node after minutes.
+
+* `check_local(cfg)`: before Ray starts, on the driver: every model folder and data file the config names
+  is usable, and the run folder is writable.
+* `check_nodes(cfg)`: after Ray starts, on every live node of the cluster (roles may land on any): a task
+  pinned to the node checks the same paths and writes a probe file with a fresh token into the run
+  folder; the driver then reads each node's probe back. A node whose probe the driver does not see writes
+  to storage the driver cannot see: the run folder is not shared, and its checkpoints, metrics and eval
+  samples would be split across nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+from relax.config import RelaxConfig
+from relax.config.paths import ConfigPath, config_paths, path_problem
+
+logger = logging.getLogger(__name__)
+
+NODE_CHECK_TIMEOUT_S = 120.0
+
+
+class PreflightError(RuntimeError):
+    """A path of the config that the driver or a node of the cluster cannot use; says which and how to fix."""
+
+
+def check_local(cfg: RelaxConfig) -> None:
+    """Every path the config names is usable here (the driver), before Ray starts."""
+    problems = [f"{p.key} = {p.path}: {why}" for p in config_paths(cfg) if (why := path_problem(p))]
+    if problems:
+        raise PreflightError(
+            "the config names paths this machine cannot use:\n  - "
+            + "\n  - ".join(problems)
+            + "\nFix the paths (relative ones are resolved against the folder `relax train` runs in)."
+        )
+
+
+def _probe_node(paths: list[ConfigPath], run_dir: str, token: str) -> dict[str, Any]:
+    """On one node: the problems with `paths` and the probe file written into the run folder."""
+    from relax.utils.net import node_ip
+
+    problems = [(p.key, p.path, why) for p in paths if (why := path_problem(p))]
+    probe = None
+    if not any(key == "run.output_dir" for key, _, _ in problems):
+        probe = Path(run_dir) / f".relax-node-probe-{token}"
+        probe.write_text(token)
+    return {"node": node_ip(), "problems": problems, "probe": str(probe) if probe else None}
+
+
+def check_nodes(cfg: RelaxConfig, timeout_s: float = NODE_CHECK_TIMEOUT_S) -> None:
+    """Every live node of the cluster can use the config's paths, and its writes to the run folder reach
+    the storage the driver sees. Raises `PreflightError` naming each node and path that fails."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    paths = config_paths(cfg)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe_node)
+    tokens = {n["NodeID"]: uuid.uuid4().hex for n in nodes}
+    calls = {
+        n["NodeID"]: probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(paths, str(cfg.run.run_dir), tokens[n["NodeID"]])
+        for n in nodes
+    }
+    problems: list[str] = []
+    for node in nodes:
+        address = node["NodeManagerAddress"]
+        try:
+            answer = ray.get(calls[node["NodeID"]], timeout=timeout_s)
+        except GetTimeoutError:
+            problems.append(f"node {address}: did not answer the path check within {timeout_s:.0f}s")
+            continue
+        problems += [f"node {address}: {key} = {path}: {why}" for key, path, why in answer["problems"]]
+        if answer["probe"] is not None:
+            seen = Path(answer["probe"])
+            token = tokens[node["NodeID"]]
+            if not seen.is_file() or seen.read_text() != token:
+                problems.append(
+                    f"node {address}: writes to run.output_dir = {cfg.run.output_dir} land on storage the "
+                    "driver does not see (the run folder must be on storage every node shares)"
+                )
+            seen.unlink(missing_ok=True)
+    if problems:
+        raise PreflightError(
+            "nodes of the cluster cannot use the config's paths:\n  - "
+            + "\n  - ".join(problems)
+            + "\nEvery node that may run a role must see the model and data paths and the run folder at the "
+            "same path: put them on shared storage, or keep roles off such nodes with resources.placement "
+            "(docs/cluster.md)."
+        )
+    logger.info("paths checked on %d node(s)", len(nodes))
