@@ -115,15 +115,13 @@ def write_model(preset: str, out: Path, dtype: str, device: str) -> tuple[Path, 
     tok = train_tiny_tokenizer(4096 if preset != "tiny" else 512)
     vocab = 151936 if preset != "tiny" else 512
     init_device = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
-    path = write_tiny_model(
-        out,
-        family="qwen2",
-        tokenizer=tok,
-        dtype=dtype,
-        vocab_size=vocab,
-        device=init_device,
-        **PRESETS[preset],
-    )
+    kwargs = dict(family="qwen2", tokenizer=tok, dtype=dtype, vocab_size=vocab, **PRESETS[preset])
+    try:
+        path = write_tiny_model(out, device=init_device, **kwargs)
+    except TypeError:  # a tree from before `device` (the "before" run of a comparison): on the CPU
+        path = write_tiny_model(out, **kwargs)
+    if init_device == "cuda":
+        torch.cuda.empty_cache()  # the run's roles get the GPU; this process keeps only its context
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):

@@ -3,6 +3,8 @@ entropy and gradients (the one forward path every trainer uses), and `auto` pack
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from test_torch_backend import make_batch
@@ -92,3 +94,25 @@ def test_critic_values_agree_in_both_layouts(model):
     ]
     assert got[0].abs().sum() > 0
     torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: SDPA's flash kernel in bf16")
+def test_right_padded_flash_path_matches_masked_path_on_a_gpu(model):
+    """On a GPU the mask-free layout runs SDPA's flash kernel, the masked one another kernel: in bf16 the
+    two agree to bf16 noise against the fp32 result."""
+    batch = make_batch(n=8, seed=7)
+    idx = list(range(8))
+    gpu = copy.deepcopy(model).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        ref, _ = fw.policy_forward(model, fw.build_micro_batch(batch, idx, torch.device("cpu")), False, "off")
+        got = {
+            right: fw.policy_forward(
+                gpu, fw.build_micro_batch(batch, idx, torch.device("cuda"), right=right), False, "off"
+            )[0]
+            .float()
+            .cpu()
+            for right in (False, True)
+        }
+    for right, logp in got.items():
+        assert (logp - ref).abs().max() < 0.05, right  # bf16 against fp32
+    assert (got[True] - got[False]).abs().max() < 0.05
