@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from relax.backends.training import logprobs as lp
 from relax.backends.training.packing import packed_response_states, should_pack
-from relax.data.batch import TrainBatch
+from relax.data.batch import Ragged, TrainBatch
 from relax.models.media_dedup import expanding_media
 from relax.models.multimodal_model import banned_token_ids, mask_media_logits, model_inputs
 
@@ -243,4 +243,4 @@ def forward_rows(
                 result = ent if what == "entropy" else logp
             for i, row in split_rows(result, mb).items():
                 out[i] = row
-    return out
+    return Ragged(out)

@@ -19,10 +19,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda when this process sees a GPU, else cpu; any other name as given."""
+    """`auto` -> cuda when this process sees a GPU, else cpu; any other name as given. On a GPU the
+    process's attention kernels are set for training (`use_flash_attention`)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        use_flash_attention()
+    return device
+
+
+def use_flash_attention() -> None:
+    """Leave cuDNN out of SDPA's choice in this (trainer) process: cuDNN's attention builds an execution
+    plan for every new (rows, length) shape, tens of milliseconds of host time while the GPU waits, and
+    ragged micro-batches bring new shapes every step (docs/gpus.md). The flash kernel needs no plan."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:

@@ -25,7 +25,7 @@ from relax.backends.training.critic_backend import with_old_values
 from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker
 from relax.backends.training.update import gather_rows, merge_partials, mini_batch_indices
 from relax.config.schema import TrainerConfig
-from relax.data.batch import TrainBatch
+from relax.data.batch import Ragged, TrainBatch
 from relax.utils.cpu_affinity import with_cpu_affinity
 from relax.utils.gc_freeze import with_frozen_startup
 from relax.utils.placement import bundle_options, wait_for_placement
@@ -136,7 +136,7 @@ class TrainerGroup:
         for idx, rows in zip(shards, results, strict=True):
             for i, row in zip(idx, rows, strict=True):
                 out[i] = row
-        return out
+        return Ragged(out)
 
     # -- the TrainingBackend seam ------------------------------------------------------------
     def compute_log_probs(self, batch: TrainBatch, *, reference: bool = False) -> list[torch.Tensor]:

@@ -36,7 +36,7 @@ from relax.backends.training.base import LossFn, RatioCheck, has_behaviour
 from relax.backends.training.loading import enable_activation_checkpointing
 from relax.backends.training.memory import CPU_TOKENS, MemoryPlan, pending_update_bytes, plan_memory
 from relax.config.schema import TrainerConfig
-from relax.data.batch import TrainBatch, pack_micro_batches, pad_ragged
+from relax.data.batch import Ragged, TrainBatch, pack_micro_batches, pad_ragged
 
 logger = logging.getLogger(__name__)
 
@@ -242,8 +242,8 @@ class Trainable:
             "lr": lr,
             "seconds": time.perf_counter() - t0,  # float(grad_norm) waited for the device
         }
-        if pi_old_from_forward:
-            partial["old_log_probs"] = old_rows
+        if pi_old_from_forward:  # (rows of `mini`, their values): one flat tensor across processes
+            partial["old_log_probs"] = (list(old_rows), Ragged(old_rows.values()))
         return partial
 
     def clip_grad_norm(self) -> Tensor:
@@ -303,14 +303,14 @@ def check_pi_old_from_forward(pi_old_from_forward: bool, num_mini_batches: int) 
         )
 
 
-def gather_rows(n: int, parts: list[tuple[list[int], dict[int, Tensor]]]) -> list[Tensor]:
-    """Per-sample tensors of a batch of `n` rows from shards: (the shard's rows in the batch, {row in the
-    shard: tensor})."""
+def gather_rows(n: int, parts: list[tuple[list[int], tuple[list[int], list[Tensor]]]]) -> Ragged:
+    """Per-sample tensors of a batch of `n` rows from shards: (the shard's rows in the batch, (rows in
+    the shard, their tensors))."""
     out: list[Tensor] = [torch.empty(0)] * n
-    for rows, values in parts:
-        for local, t in values.items():
-            out[rows[local]] = t
-    return out
+    for rows, (local, values) in parts:
+        for i, t in zip(local, values, strict=True):
+            out[rows[i]] = t
+    return Ragged(out)
 
 
 def write_trainer_state(path: Path, step: int, scheduler: Any, state_file: str, **meta: Any) -> None:
