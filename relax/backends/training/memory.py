@@ -111,6 +111,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """The micro-batch budget and checkpointing for `model` on `device` (explicit settings kept)."""
     tokens, ckpt = cfg.max_tokens_per_micro_batch, cfg.gradient_checkpointing
+    model = getattr(model, "backbone", model)  # a critic: its backbone's shape
     if device.type != "cuda":
         return MemoryPlan(tokens or CPU_TOKENS, bool(ckpt), "CPU defaults")
     if tokens is not None and ckpt is not None:
