@@ -146,6 +146,17 @@ class FSDPWorker:
         self.probe = StepProbe(self.rank, self.device)
         logger.info("FSDP rank %d/%d ready on %s", self.rank, self.world_size, self.device)
 
+    def _reshard(self) -> bool:
+        """Whether layers give their gathered weights back after forward: always with activation
+        checkpointing, whose recompute gathers them again anyway and which is on because memory is short."""
+        return self.reshard_after_forward or bool(self.cfg.gradient_checkpointing)
+
+    def _set_reshard(self, model: nn.Module) -> None:
+        """Checkpointing turned on by the memory plan: reshard after forward from now on."""
+        for m in model.modules():
+            if hasattr(m, "set_reshard_after_forward") and m is not model:
+                m.set_reshard_after_forward(True, recurse=False)
+
     def _trainables(self) -> list[Trainable]:
         return [self.policy] + ([self.critic] if self.critic is not None else [])
 
@@ -154,12 +165,14 @@ class FSDPWorker:
         GPU, from the memory free then (the colocated engine holds its cache by now; `memory.py`)."""
         if self.policy.tokens is None:
             pending = sum(pending_update_bytes(t.optimizer) for t in self._trainables())
-            if not self.reshard_after_forward and self.mp_dtype is not None:  # the kept bf16 copy
+            if not self._reshard() and self.mp_dtype is not None:  # the kept bf16 copy
                 pending += sum(p.numel() * 2 for t in self._trainables() for p in t.model.parameters())
             compute = 2 if self.mp_dtype is not None else DTYPES[self.dtype].itemsize
             plan = plan_memory(self.cfg, self.device, self.model, pending, compute)
             for t in self._trainables():
                 t.apply(plan)
+                if plan.checkpointing and not self._reshard():
+                    self._set_reshard(t.model)
         return int(self.policy.tokens)
 
     def _build(
@@ -172,6 +185,13 @@ class FSDPWorker:
             path or self.model_path, master, self.cfg, trainable=trainable, value_head=value_head, lora=lora
         )
         mp = MixedPrecisionPolicy(param_dtype=self.mp_dtype, reduce_dtype=torch.float32)
+        # A layer's inputs are not cast: its hidden states arrive in the compute dtype anyway, and a cast
+        # that FSDP applies in the forward but (torch 2.11) not in activation checkpointing's recompute
+        # left the vision blocks' fp32 rotary tables bf16 in one pass and fp32 in the other, which the
+        # recompute refuses. The blocks upcast those tables themselves.
+        layer_mp = MixedPrecisionPolicy(
+            param_dtype=self.mp_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False
+        )
         no_split = layer_types(model)
         layers = [m for m in model.modules() if type(m).__name__ in no_split]
         compile_on = self.cfg.compile_layers
@@ -180,7 +200,7 @@ class FSDPWorker:
         if compile_on:  # compile forward only: FSDP's hooks stay outside the graph
             compile_layers(layers)
         for layer in layers:
-            fully_shard(layer, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(layer, mesh=self.mesh, mp_policy=layer_mp, reshard_after_forward=self._reshard())
         fully_shard(model, mesh=self.mesh, mp_policy=mp)
         for m in [model, *layers]:
             m.set_gradient_divide_factor(1.0)  # the loss is already scaled by global counts: SUM grads

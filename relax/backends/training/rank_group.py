@@ -66,9 +66,13 @@ class TrainerGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.cfg = cfg
         n = cfg.num_ranks
         gpus = gpus_per_rank if gpus_per_rank is not None else (1 if _wants_gpu(cfg, n) else 0)
+        if not gpus and cfg.device == "auto":
+            # Ray leaves every GPU visible to an actor that asked for none: `auto` would put all ranks
+            # on GPU 0, where NCCL refuses two ranks of one group. Ranks given no GPU train on the CPU.
+            cfg = cfg.model_copy(update={"device": "cpu"})
+        self.cfg = cfg
         if gpu_group and gpus:  # colocate: rank r shares bundle r (one GPU) with engine r
             self.pg = None
             placement = [bundle_options(gpu_group, r) for r in range(n)]
