@@ -66,15 +66,11 @@ def build_micro_batch(
         raise ValueError("rows with media run left-padded with a mask (their mrope positions need it)")
     lens = torch.tensor([len(s) for s in seqs])
     L = int(lens.max())
-    input_ids = torch.zeros(len(seqs), L, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        if right:
-            input_ids[row, : len(s)] = torch.tensor(s)
-        else:
-            input_ids[row, L - len(s) :] = torch.tensor(s)
     cols = torch.arange(L)[None, :]
-    attn = (cols < lens[:, None]) if right else (cols >= (L - lens)[:, None])
-    attn = attn.long()
+    real = (cols < lens[:, None]) if right else (cols >= (L - lens)[:, None])  # [B, L]
+    input_ids = torch.zeros(len(seqs), L, dtype=torch.long)
+    input_ids[real] = torch.tensor([t for s in seqs for t in s], dtype=torch.long)  # row-major: in order
+    attn = real.long()
     # right: 0..L-1 on every row (the padding after a row's tokens changes nothing before it)
     position_ids = cols.expand(len(seqs), L) if right else (attn.cumsum(-1) - 1).clamp(min=0)
     return MicroBatch(
@@ -213,9 +209,12 @@ def value_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
 
 def split_rows(x_BT: Tensor, mb: MicroBatch) -> dict[int, Tensor]:
     """{batch row: its [R_b] slice on cpu} for a forward-only result: one device-to-host copy for the
-    micro-batch, then each row its own small tensor (a view would carry the whole block when pickled)."""
+    micro-batch, then the rows as views of one tensor of their tokens."""
     x_BT = x_BT.detach().cpu()
-    return {i: x_BT[row, : int(mb.response_lens[row])].clone() for row, i in enumerate(mb.index)}
+    lens = mb.response_lens.tolist()
+    valid = torch.arange(x_BT.size(1))[None, :] < mb.response_lens[:, None]
+    rows = torch.split(x_BT[valid], lens)  # views of one new tensor (`Ragged` pickles them as one)
+    return dict(zip(mb.index, rows, strict=True))
 
 
 def forward_rows(
