@@ -210,6 +210,8 @@ def value_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
 def split_rows(x_BT: Tensor, mb: MicroBatch) -> dict[int, Tensor]:
     """{batch row: its [R_b] slice on cpu} for a forward-only result: one device-to-host copy for the
     micro-batch, then the rows as views of one tensor of their tokens."""
+    if not mb.index:  # a dummy micro-batch: no rows of the batch
+        return {}
     x_BT = x_BT.detach().cpu()
     lens = mb.response_lens.tolist()
     valid = torch.arange(x_BT.size(1))[None, :] < mb.response_lens[:, None]
