@@ -194,7 +194,8 @@ def main() -> None:
 
     from relax.algorithms import AlgorithmConfig
     from relax.algorithms.pipeline import make_policy_loss
-    from relax.backends.training.fsdp import FSDPWorker, merge_partials
+    from relax.backends.training.fsdp import FSDPWorker
+    from relax.backends.training.update import merge_partials
     from relax.config.schema import TrainerConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="relax-bench-"))

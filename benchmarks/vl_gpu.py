@@ -4,10 +4,11 @@ Writes the random model (its config shaped like Qwen2.5-VL-3B-Instruct: 36 layer
 / 2 KV heads, MLP 11008, vocab 151936; a 32-block, 1280-wide vision tower) with the tiny in-process
 tokenizer and the processor config, generates synthetic colour images, then per step: processes the
 prompts with `MultimodalProcessor`, generates `--n` responses per prompt on the embedded engine (with
-the vision encoder in its prefill), recomputes log-probs and takes an optimizer step on one FSDP2 rank
-(the trainer Relax runs; bf16 compute over fp32 master weights, activation checkpointing through the
-vision tower and the decoder, the chunked log-prob head) with the same pixel values, and streams the new
-weights into the engine.
+the vision encoder in its prefill) and takes an optimizer step on one FSDP2 rank (the trainer Relax runs;
+bf16 compute over fp32 master weights, activation checkpointing through the vision tower and the
+decoder, the chunked log-prob head, each distinct image encoded once per micro-batch) with the same pixel
+values, pi_old taken from the update's forward as an on-policy Actor does (`--separate-forward`: a
+forward pass of its own first), and streams the new weights into the engine.
 
     python benchmarks/vl_gpu.py                       # CUDA, bf16 engine, fp32 master weights
     python benchmarks/vl_gpu.py --tiny --device cpu   # a CPU smoke run on the tiny Qwen2.5-VL
@@ -119,13 +120,20 @@ def main() -> None:
     p.add_argument(
         "--no-grad-ckpt", action="store_true", help="keep activations (the 3B shape then needs >139 GB)"
     )
+    p.add_argument(
+        "--separate-forward",
+        action="store_true",
+        help="pi_old from a forward pass of its own (as before trainer.pi_old_from_update)",
+    )
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoder and vision layers")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     from relax.algorithms.config import AlgorithmConfig
     from relax.algorithms.pipeline import make_policy_loss
     from relax.backends.inference.embedded.engine import EmbeddedEngine
-    from relax.backends.training.fsdp import FSDPWorker, merge_partials
+    from relax.backends.training.fsdp import FSDPWorker
+    from relax.backends.training.update import gather_rows, merge_partials
     from relax.config.schema import TrainerConfig
     from relax.data.batch import TrainBatch
     from relax.data.config import MediaConfig
@@ -155,6 +163,7 @@ def main() -> None:
         max_tokens_per_micro_batch=args.micro_tokens,
         threads=2,
         gradient_checkpointing=not args.no_grad_ckpt,
+        compile_layers=args.compile,
         mixed_precision="bf16" if cuda else "none",
     )
     trainer = FSDPWorker(str(path), tcfg, dtype="float32", total_steps=args.steps)
@@ -196,17 +205,22 @@ def main() -> None:
             multimodal_inputs=media,
         )
         t = time.perf_counter()
-        batch.old_log_probs = trainer.compute_log_probs(batch)
+        if args.separate_forward:
+            batch.old_log_probs = trainer.compute_log_probs(batch)
+        batch.advantages = [
+            torch.full((len(r),), 1.0 if batch.rewards[i] else -1.0) for i, r in enumerate(responses)
+        ]
+        # as the Actor does on-policy: pi_old from the update's own forward (trainer.pi_old_from_update)
+        partials = trainer.train_minibatches([batch], loss_fn, pi_old_from_forward=not args.separate_forward)
+        metrics = merge_partials([partials])
+        if not args.separate_forward:
+            batch.old_log_probs = gather_rows(N, [(list(range(N)), partials[0]["old_log_probs"])])
         diffs.append(
             max(
                 float((o - torch.tensor(lp)).abs().max())
                 for o, lp in zip(batch.old_log_probs, lps, strict=True)
             )
         )
-        batch.advantages = [
-            torch.full((len(r),), 1.0 if batch.rewards[i] else -1.0) for i, r in enumerate(responses)
-        ]
-        metrics = merge_partials([trainer.train_minibatches([batch], loss_fn)])
         if cuda:
             torch.cuda.synchronize()
         train_s.append(time.perf_counter() - t)
@@ -247,6 +261,8 @@ def main() -> None:
         "kv_tokens": args.kv_tokens,
         "gradient_checkpointing": not args.no_grad_ckpt,
         "micro_tokens": args.micro_tokens,
+        "separate_forward": args.separate_forward,
+        "compile": args.compile,
         "engine_trainer_logp_max_diff": round(max(diffs), 4),
         "model_write_s": round(write_s, 1),
     }

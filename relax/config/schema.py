@@ -231,8 +231,12 @@ class TrainerConfig(Section):
         "constant", description="Decay after warm-up."
     )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final lr as a fraction of lr (cosine/linear).")
-    max_tokens_per_micro_batch: int = Field(
-        8192, gt=0, description="Token budget of one micro-batch (dynamic batch size)."
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        gt=0,
+        description="Token budget of one micro-batch (dynamic batch size; padded tokens count). None = auto: "
+        "8192 on CPU; on a GPU planned from the model's size and the memory free beside the engine "
+        "(relax/backends/training/memory.py).",
     )
     pack_sequences: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -263,11 +267,21 @@ class TrainerConfig(Section):
     mixed_precision: Literal["none", "bf16"] = Field(
         "bf16", description="FSDP on GPU: bf16 compute over fp32 master weights, fp32 gradient reduction."
     )
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in backward (saves memory)."
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="Recompute activations in backward (saves memory). None = auto: off on CPU; on a GPU on "
+        "only when micro-batches of 8192 tokens would not fit without it (relax/backends/training/memory.py).",
     )
-    compile_layers: bool = Field(
-        False, description="fsdp: torch.compile each decoder layer's forward (GPU; fuses the small ops)."
+    compile_layers: bool | None = Field(
+        None,
+        description="fsdp: torch.compile each decoder layer's forward (fuses the small ops; the first steps "
+        "compile). None = auto: on for ranks on a GPU, off on CPU.",
+    )
+    pi_old_from_update: bool = Field(
+        True,
+        description="colocate/hybrid with one optimizer step per batch: pi_old (recomputed by the trainer) "
+        "comes from the update's own forward, on the same weights, instead of a forward pass of its own "
+        "(docs/trainer.md).",
     )
     weight_sync_backend: Literal["auto", "nccl", "gloo", "disk"] = Field(
         "auto",

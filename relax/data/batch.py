@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -54,11 +54,44 @@ class TrainBatch:
     def __len__(self) -> int:
         return len(self.response_ids)
 
+    def subset(self, idx: list[int]) -> TrainBatch:
+        """The rows `idx` of this batch, in that order: every per-sample column, extras included."""
+
+        def pick(rows: list | None) -> list | None:
+            return None if rows is None else ragged([rows[i] for i in idx])
+
+        columns = {f.name: pick(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}
+        return TrainBatch(**columns, extras={k: pick(v) for k, v in self.extras.items()})
+
     def seq_lens(self) -> list[int]:
         return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids, strict=True)]
 
     def response_lens(self) -> list[int]:
         return [len(r) for r in self.response_ids]
+
+
+class Ragged(list):
+    """Per-sample 1-D tensors (a list) that cross process boundaries as one flat tensor and the lengths:
+    pickled one by one, a step's worth of small tensors cost a tenth of a second of CPU each way (Ray
+    moves batches and results between the Actor and its ranks; docs/gpus.md)."""
+
+    def __reduce__(self) -> tuple:
+        rows = list(self)
+        if not rows or not all(isinstance(t, torch.Tensor) for t in rows) or len({t.dtype for t in rows}) > 1:
+            return (Ragged, (rows,))
+        lengths = [t.numel() for t in rows]
+        return (_unflatten, (torch.cat([t.detach().reshape(-1).cpu() for t in rows]), lengths))
+
+
+def _unflatten(flat: torch.Tensor, lengths: list[int]) -> Ragged:
+    return Ragged(torch.split(flat, lengths))
+
+
+def ragged(rows: list | None) -> list | None:
+    """`rows` as a `Ragged` when they are tensors (unchanged otherwise)."""
+    if rows and all(isinstance(t, torch.Tensor) for t in rows):
+        return Ragged(rows)
+    return rows
 
 
 def pad_ragged(

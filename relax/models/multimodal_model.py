@@ -155,15 +155,44 @@ def rope_positions(
     return pos.long().to(input_ids.device), delta.reshape(-1).long().to(input_ids.device)
 
 
+# the small per-item tensors the mrope positions are computed from (pixels and audio features are not)
+_POSITION_KEYS = {
+    "image_grid_thw",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "video_second_per_grid",
+    "feature_attention_mask",
+}
+
+
 def model_inputs(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, mm_rows: list[dict[str, Tensor] | None]
-) -> dict[str, Any]:
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    mm_rows: list[dict[str, Tensor] | None],
+    dedupe: bool = False,
+) -> Any:
     """Forward kwargs (besides input_ids and the attention mask) for a padded batch of a multimodal model:
-    the rows' media tensors and the mrope `position_ids` [3, B, L]."""
+    the rows' media tensors and the mrope `position_ids` [3, B, L].
+
+    `dedupe` (the trainer): returns (kwargs, plan) where the media tensors are those of one row per group
+    of rows with equal media, and `plan` (a `media_dedup.MediaPlan`, or None when nothing repeats) is what
+    `media_dedup.expanding_media` needs around the model call to hand every row its encodings."""
     device = input_ids.device
-    mm = concat_inputs(mm_rows, device)
-    pos, _ = rope_positions(model, input_ids, attention_mask, mm)
+    plan = None
+    if dedupe:
+        from relax.models.media_dedup import plan_media
+
+        plan = plan_media(mm_rows, input_ids, getattr(model.config, "audio_token_id", None))
+    if plan is None:
+        mm = concat_inputs(mm_rows, device)
+        pos, _ = rope_positions(model, input_ids, attention_mask, mm)
+    else:  # positions from every row's grids; the encoders' inputs from the kept rows only
+        small = [{k: v for k, v in r.items() if k in _POSITION_KEYS} if r else None for r in mm_rows]
+        pos, _ = rope_positions(model, input_ids, attention_mask, concat_inputs(small, device))
+        mm = concat_inputs(plan.kept_rows, device)
     for key in ("pixel_values", "pixel_values_videos", "input_features"):
         if key in mm:
             mm[key] = mm[key].to(model.dtype)
-    return {**mm, "position_ids": pos}
+    kwargs = {**mm, "position_ids": pos}
+    return (kwargs, plan) if dedupe else kwargs

@@ -154,6 +154,7 @@ def write_tiny_model(
     dtype: str = "float32",
     tokenizer: PreTrainedTokenizerBase | None = None,
     init_std: float | None = None,
+    device: str = "cpu",
 ) -> Path:
     """Write a random-initialised `family` checkpoint with a tiny tokenizer to `out_dir`; return the path.
 
@@ -163,6 +164,7 @@ def write_tiny_model(
     `init_std` overrides the family's `initializer_range` (0.02): the std of every linear and embedding
     weight. With tied embeddings and a frozen head (LoRA) the logits are bounded by
     sqrt(hidden_size) * |embedding row|, so a random base needs a larger std to let adapters sharpen it.
+    `device`: where the weights are initialised (a GPU writes billion-parameter shapes far sooner).
     """
     spec = get_family(family)
     if dtype not in _DTYPES:
@@ -191,9 +193,10 @@ def write_tiny_model(
         for c in (config, getattr(config, "text_config", None)):
             if c is not None:
                 c.initializer_range = init_std
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[] if device == "cpu" else [torch.device(device).index or 0]):
         torch.manual_seed(seed)
-        model = spec.model_class(config).to(_DTYPES[dtype])
+        with torch.device(device):
+            model = spec.model_class(config).to(_DTYPES[dtype])
     ids = _token_ids(tokenizer)
     model.generation_config = GenerationConfig(
         bos_token_id=ids["bos_token_id"],

@@ -40,7 +40,22 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
     if not wants_gpu:
         engine, trainer, fwd = 0.0, 0.0, 0.0
     elif cfg.schedule.mode == "colocate":
+        # one training rank per GPU beside its engine (NCCL refuses two ranks of a group on one GPU)
         engine, trainer, fwd = 0.5, 0.5, 0.0
+        if t.num_ranks > gpus and t.uses_group:
+            if t.device == "cuda":
+                raise ValueError(
+                    f"schedule.mode=colocate puts one training rank on each GPU beside an engine: "
+                    f"trainer.num_ranks={t.num_ranks} needs {t.num_ranks} GPUs and the cluster has {gpus}. "
+                    "Lower trainer.num_ranks, or train on the CPU with trainer.device=cpu"
+                )
+            trainer = 0.0  # `auto`: the ranks train on the CPU, the engines keep the GPUs
+            logger.warning(
+                "trainer.device=auto: %d training ranks but %d GPU(s) in colocate, so the ranks train on "
+                "the CPU; set trainer.num_ranks <= the GPUs to train on them",
+                t.num_ranks,
+                gpus,
+            )
     else:
         fwd = 0.25 if cfg.schedule.mode == "fully_async" else 0.0
         engine, trainer = 1.0, (0.5 if fwd else 1.0)

@@ -16,7 +16,7 @@ import torch
 
 from relax.algorithms.pipeline import make_policy_loss, make_value_loss
 from relax.backends.training.critic_backend import TorchCritic
-from relax.backends.training.rank_group import TrainerGroup
+from relax.backends.training.rank_group import GroupCritic, TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import RelaxConfig
 from relax.config.modes import actor_fetches_ahead, overlaps_push, stages_in_process, sub_batch_groups
@@ -54,7 +54,7 @@ class ActorRole(PlaneClient):
         # fully_async: ActorFwd, Reference and Advantages fill their columns; else they run in process.
         self.in_process = stages_in_process(cfg)
         self.needs_reference = cfg.algorithm.needs_reference and self.in_process
-        self.trainer = build_trainer(cfg, with_reference=self.needs_reference)
+        self.trainer = build_trainer(cfg, with_reference=self.needs_reference, with_critic=spec.needs_critic)
         self.num_ranks = cfg.trainer.num_ranks
         self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
         # fully_async: under `old_log_probs: rollout` there is no ActorFwd and pi_old is filled from the
@@ -64,12 +64,13 @@ class ActorRole(PlaneClient):
         if cfg.algorithm.needs_reference:
             self.train_columns.append(REF_LOG_PROBS)
         self.loss_fn = make_policy_loss(cfg.algorithm)
-        # PPO's critic trains alongside the actor, in process in colocate mode.
-        self.critic = None
+        # pi_old from the update's own forward instead of a forward pass of its own (same weights)
+        self.pi_old_from_update = pi_old_from_update(cfg)
+        # PPO's critic trains alongside the actor: in process beside the one-rank trainer, or on the FSDP
+        # ranks, sharded like the policy
+        self.critic: TorchCritic | GroupCritic | None = None
         if spec.needs_critic:
-            self.critic = TorchCritic(
-                cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps
-            )
+            self.critic = build_critic(cfg, self.trainer)
             self.value_loss_fn = make_value_loss(cfg.algorithm)
         t = cfg.trainer
         self.publisher = build_sender(
@@ -180,10 +181,11 @@ class ActorRole(PlaneClient):
                 poll_max_s=poll_max_s,
             )
             sub = batch_from_columns(data.columns)
-            with timer("old_log_probs", times):
-                if self.cfg.algorithm.pi_old_from_rollout:
+            if self.cfg.algorithm.pi_old_from_rollout:
+                with timer("old_log_probs", times):
                     columns[LOG_PROBS] += behaviour_log_probs(sub)
-                else:
+            elif not self.pi_old_from_update:
+                with timer("old_log_probs", times):
                     columns[LOG_PROBS] += await asyncio.to_thread(self.trainer.compute_log_probs, sub)
             if self.needs_reference:
                 with timer("ref_log_probs", times):
@@ -194,6 +196,8 @@ class ActorRole(PlaneClient):
                 columns[c] += data.columns[c]
         if not self.needs_reference:
             del columns[REF_LOG_PROBS]
+        if self.pi_old_from_update and not self.cfg.algorithm.pi_old_from_rollout:
+            del columns[LOG_PROBS]  # the update fills it
         if self.cfg.schedule.balance_data:
             order = [i for part in balance_partitions(columns["length"], self.num_ranks) for i in part]
             columns = {c: [v[i] for i in order] for c, v in columns.items()}
@@ -201,11 +205,15 @@ class ActorRole(PlaneClient):
 
     def train_sync(self, batch: TrainBatch, times: dict[str, float] | None = None) -> dict[str, float]:
         times = times if times is not None else {}
+        from_update = False  # pi_old taken from the update's own forward
         if batch.old_log_probs is None:  # a whole batch handed in (tests), or pi_old = behaviour policy
-            with timer("old_log_probs", times):
-                if self.cfg.algorithm.pi_old_from_rollout:
+            if self.cfg.algorithm.pi_old_from_rollout:
+                with timer("old_log_probs", times):
                     batch.old_log_probs = behaviour_log_probs(batch)
-                else:
+            elif self.pi_old_from_update:
+                from_update = True
+            else:
+                with timer("old_log_probs", times):
                     batch.old_log_probs = self.trainer.compute_log_probs(batch)
         if self.needs_reference and batch.ref_log_probs is None:
             with timer("ref_log_probs", times):
@@ -224,7 +232,7 @@ class ActorRole(PlaneClient):
         if self.cfg.schedule.debug_train_delay_s:
             time.sleep(self.cfg.schedule.debug_train_delay_s)
         with timer("update", times):
-            metrics.update(self.trainer.train_batch(batch, self.loss_fn))
+            metrics.update(self.trainer.train_batch(batch, self.loss_fn, pi_old_from_forward=from_update))
         if self.critic is not None:
             with timer("critic_update", times):
                 metrics.update(self.critic.train_values(batch, values, self.value_loss_fn))
@@ -297,13 +305,32 @@ class ActorRole(PlaneClient):
         return {n: t.detach().cpu() for n, t in self.trainer.named_weights()}
 
 
+def pi_old_from_update(cfg: RelaxConfig) -> bool:
+    """Whether the Actor takes pi_old from the update's own forward (`trainer.pi_old_from_update`): only
+    where a separate forward pass would compute the same values, i.e. the Actor recomputes pi_old in
+    process (colocate, hybrid) right before one optimizer step on the whole batch, and nothing needs
+    pi_old before the update (reward-side KL and distillation advantages do)."""
+    algo, t = cfg.algorithm, cfg.trainer
+    needed_before = algo.reward_kl_coef > 0 or (algo.distill_coef > 0 and algo.distill_mode == "advantage")
+    return (
+        t.pi_old_from_update
+        and stages_in_process(cfg)
+        and not algo.pi_old_from_rollout
+        and t.num_mini_batches == 1
+        and not needed_before
+    )
+
+
 def behaviour_log_probs(batch: TrainBatch) -> list[torch.Tensor]:
     """`algorithm.old_log_probs: rollout`: the engine's log-probs of the sampled tokens as pi_old."""
     return [torch.as_tensor(lp, dtype=torch.float32) for lp in batch.rollout_log_probs]
 
 
-def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | TrainerGroup:
-    """The in-process trainer for the 1-rank default; the FSDP rank group for fsdp, N ranks or LoRA."""
+def build_trainer(
+    cfg: RelaxConfig, with_reference: bool, with_critic: bool = False
+) -> TorchTrainer | TrainerGroup:
+    """The in-process trainer for the 1-rank default; the FSDP rank group for fsdp, N ranks or LoRA (its
+    ranks then also hold the critic when `with_critic`)."""
     kwargs = {
         "dtype": cfg.model.dtype,
         "total_steps": cfg.trainer.num_steps,
@@ -318,10 +345,20 @@ def build_trainer(cfg: RelaxConfig, with_reference: bool) -> TorchTrainer | Trai
             gpus_per_rank=cfg.resources.trainer_gpus,
             gpu_group=cfg.resources.gpu_group,
             cpus=cfg.resources.training_cpus,
+            with_critic=with_critic,
             placement=ray_placement(cfg, "ranks"),
             **kwargs,
         )
     return TorchTrainer(cfg.model.path, cfg.trainer, **kwargs)
+
+
+def build_critic(cfg: RelaxConfig, trainer: TorchTrainer | TrainerGroup) -> TorchCritic | GroupCritic:
+    """PPO's critic, laid out like the policy: on the group's ranks (built with the group), or in process."""
+    if isinstance(trainer, TrainerGroup):
+        if trainer.critic is None:
+            raise RuntimeError("the trainer group was built without a critic; pass with_critic=True")
+        return trainer.critic
+    return TorchCritic(cfg.model.path, cfg.trainer, dtype=cfg.model.dtype, total_steps=cfg.trainer.num_steps)
 
 
 def _sync_mode(cfg: RelaxConfig) -> str:

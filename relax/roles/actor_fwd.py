@@ -17,7 +17,9 @@ import uuid
 
 import torch
 
-from relax.backends.training.torch_backend import DTYPES, resolve_device, response_log_probs
+from relax.backends.training.forward import forward_rows
+from relax.backends.training.loading import DTYPES, load_model, resolve_device
+from relax.backends.training.memory import forward_tokens
 from relax.config import RelaxConfig
 from relax.config.modes import sub_batch_groups
 from relax.data.batch import TrainBatch, pack_micro_batches
@@ -29,24 +31,8 @@ from relax.roles.stage import StageRole
 logger = logging.getLogger(__name__)
 
 
-def forward_log_probs(
-    model: torch.nn.Module, batch: TrainBatch, max_tokens: int, device: torch.device, pack: str = "auto"
-) -> list:
-    """Per-sample response log-probs [R_i], forwarded in token-budgeted micro-batches (packed into one
-    row each where `pack`, `trainer.pack_sequences`, says so)."""
-    out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
-    with torch.no_grad():
-        for idx in pack_micro_batches(batch.seq_lens(), max_tokens):
-            logp_BT, _, rlen = response_log_probs(model, batch, idx, device, with_entropy=False, pack=pack)
-            for row, i in enumerate(idx):
-                out[i] = logp_BT[row, : rlen[row]].cpu()
-    return out
-
-
 class ActorFwdRole(StageRole):
     def __init__(self, cfg: RelaxConfig, reference: bool = False, plane: DataPlane | None = None) -> None:
-        from transformers import AutoModelForCausalLM
-
         from relax.utils.logging import setup_logging
 
         setup_logging()
@@ -58,11 +44,8 @@ class ActorFwdRole(StageRole):
         # predecessor took but never finished (recomputed values are the same)
         self.task = f"{task}-{uuid.uuid4().hex[:8]}"
         self.device = resolve_device(cfg.trainer.device)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            (cfg.model.reference_path or cfg.model.path) if reference else cfg.model.path,
-            dtype=DTYPES[cfg.model.dtype],
-        )
-        self.model.to(self.device).eval().requires_grad_(False)
+        path = (cfg.model.reference_path or cfg.model.path) if reference else cfg.model.path
+        self.model = load_model(path, DTYPES[cfg.model.dtype], cfg.trainer, trainable=False).to(self.device)
         self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
         self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
         self._weights_changed = asyncio.Condition()
@@ -127,13 +110,10 @@ class ActorFwdRole(StageRole):
                 group_index=[0] * len(data),
                 weight_versions=[0] * len(data),
             )
+            t = self.cfg.trainer
+            plan = pack_micro_batches(batch.seq_lens(), forward_tokens(t, self.device))
             logp = await asyncio.to_thread(
-                forward_log_probs,
-                self.model,
-                batch,
-                self.cfg.trainer.max_tokens_per_micro_batch,
-                self.device,
-                self.cfg.trainer.pack_sequences,
+                forward_rows, self.model, batch, plan, self.device, "logp", t.pack_sequences
             )
             await self.plane.put_columns(partition, data.indexes, {self.column: tensor_column(logp)})
             done += len(data)

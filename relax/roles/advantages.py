@@ -44,7 +44,7 @@ def batch_advantages(
         torch.tensor(batch.rewards, dtype=torch.float32),
         torch.tensor(batch.group_index, dtype=torch.long),
         pad_ragged(batch.loss_mask, T),
-        log_probs_NT=pad_ragged(batch.old_log_probs, T),
+        log_probs_NT=pad_ragged(batch.old_log_probs, T) if batch.old_log_probs is not None else None,
         ref_log_probs_NT=pad_ragged(batch.ref_log_probs, T) if batch.ref_log_probs else None,
         values_NT=pad_ragged(values, T) if values is not None else None,
         response_lengths_N=torch.tensor(lens),

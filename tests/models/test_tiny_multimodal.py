@@ -11,7 +11,6 @@ from PIL import Image
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.training import forward as fw
-from relax.backends.training.torch_backend import response_log_probs
 from relax.data.batch import TrainBatch
 from relax.data.media import write_wav
 from relax.data.multimodal import MultimodalProcessor
@@ -103,14 +102,11 @@ def test_engine_and_trainer_log_probs_agree(family, model_dirs, media):
         multimodal_inputs=mms,
     )
     model = load_causal_lm(path).eval()
-    with torch.no_grad():
-        right, _, rlen = response_log_probs(model, batch, list(range(n)), torch.device("cpu"), False)
-        left, _ = fw.policy_forward(
-            model, fw.build_micro_batch(batch, list(range(n)), torch.device("cpu")), False
-        )
+    got = fw.forward_rows(model, batch, [list(range(n))], torch.device("cpu"))  # one padded micro-batch
+    alone = fw.forward_rows(model, batch, [[i] for i in range(n)], torch.device("cpu"))  # unpadded
     for i in range(n):
-        assert torch.allclose(right[i, : rlen[i]], engine_lps[i], atol=1e-4), (family, i)
-        assert torch.allclose(left[i, : rlen[i]], engine_lps[i], atol=1e-4), (family, i)
+        assert torch.allclose(got[i], engine_lps[i], atol=1e-4), (family, i)
+        assert torch.allclose(alone[i], engine_lps[i], atol=1e-4), (family, i)
 
 
 def test_engine_rejects_mismatched_media(model_dirs, media):
@@ -124,3 +120,60 @@ def test_engine_rejects_mismatched_media(model_dirs, media):
             )
     finally:
         engine.shutdown()
+
+
+def _encoder_inputs(model) -> list[int]:
+    """Patches (vision) and feature frames (audio) each encoder call received."""
+    seen: list[int] = []
+    for name, axis in (("visual", 0), ("audio_tower", -1)):  # pixels [patches, dim]; audio [mel, frames]
+        enc = getattr(model.model, name, None) or getattr(model, name, None)
+        if enc is not None:
+            enc.register_forward_pre_hook(lambda _m, args, axis=axis: seen.append(int(args[0].shape[axis])))
+    return seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_distinct_media_item_is_encoded_once(family, model_dirs, media, monkeypatch):
+    """GRPO's repeated media: a micro-batch of 3 samples per prompt runs each prompt's media through the
+    encoders once, with the same log-probs, entropy and gradients as encoding every sample's copy."""
+    import relax.models.media_dedup as dedup
+
+    path = str(model_dirs[family])
+    proc = MultimodalProcessor(path)
+    items = [proc.process(t, m) for t, m in prompts_for(family, media)]
+    g = torch.Generator().manual_seed(0)
+    rows = [(it, torch.randint(5, 50, (4,), generator=g).tolist()) for it in items for _ in range(3)]
+    batch = TrainBatch(
+        prompt_ids=[it.prompt_ids for it, _ in rows],
+        response_ids=[r for _, r in rows],
+        loss_mask=[[1.0] * 4 for _ in rows],
+        rollout_log_probs=[[0.0] * 4 for _ in rows],
+        rewards=[0.0] * len(rows),
+        group_index=list(range(len(rows))),
+        weight_versions=[0] * len(rows),
+        # each sample its own copy of the tensors, as rows arrive from the data plane
+        multimodal_inputs=[
+            {k: v.clone() for k, v in it.multimodal_inputs.items()} if it.multimodal_inputs else None
+            for it, _ in rows
+        ],
+    )
+    results = {}
+    for mode in ("dedupe", "every_copy"):
+        model = load_causal_lm(path).train()
+        seen = _encoder_inputs(model)
+        if mode == "every_copy":
+            monkeypatch.setattr(dedup, "plan_media", lambda *a, **k: None)
+        mb = fw.micro_batch(model, batch, list(range(len(rows))), torch.device("cpu"))
+        logp, ent = fw.policy_forward(model, mb, with_entropy=True)
+        (logp.sum() + 0.1 * ent.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[mode] = (logp.detach(), ent.detach(), grads, sum(seen))
+    (lp1, e1, g1, n1), (lp0, e0, g0, n0) = results["dedupe"], results["every_copy"]
+    assert n1 * 3 == n0  # every encoder input once instead of three times
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(e1, e0, atol=1e-5, rtol=1e-5)
+    assert g1.keys() == g0.keys()
+    encoder = [n for n in g0 if "visual" in n or "audio_tower" in n]
+    assert encoder and any(float(g0[n].abs().max()) > 0 for n in encoder)  # media reach the loss
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)

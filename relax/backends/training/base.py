@@ -28,8 +28,8 @@ class RatioCheck:
     """max |pi_theta / pi_old - 1| and max |pi_theta / mu - 1| over the loss tokens of the first
     mini-batch ("first_mb"), taken from the training forward itself: every micro-batch of the first
     optimizer step runs on the weights before the update, so the ratio is exactly 1 when the run is
-    on-policy and pi_old came from these weights. It costs no extra forward pass (a separate one cost
-    0.13-0.46 s a step for a 0.5B model on an H200). Maxima stay on the device until `result`."""
+    on-policy and pi_old came from these weights. It costs no extra forward pass (docs/trainer.md). Maxima
+    stay on the device until `result`."""
 
     def __init__(self) -> None:
         self.dev_old: torch.Tensor | None = None
@@ -58,6 +58,12 @@ class RatioCheck:
         return out
 
 
+def check_train_batch(batch: TrainBatch, pi_old_from_forward: bool) -> None:
+    """The columns a policy update needs: advantages, and pi_old unless the update's forward gives it."""
+    if batch.advantages is None or (batch.old_log_probs is None and not pi_old_from_forward):
+        raise ValueError("train_batch needs batch.advantages and batch.old_log_probs filled in")
+
+
 def has_behaviour(batch: TrainBatch, idx: list[int]) -> list[bool]:
     """Per row of `idx`: whether the engine's log-probs cover the whole response."""
     lp = batch.rollout_log_probs
@@ -69,9 +75,13 @@ class TrainingBackend(Protocol):
         """Per-sample log-probs of the response tokens, [N][R_i], without gradient."""
         ...
 
-    def train_batch(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+    def train_batch(
+        self, batch: TrainBatch, loss_fn: LossFn, *, pi_old_from_forward: bool = False
+    ) -> dict[str, float]:
         """One or more optimizer steps on `batch` with `loss_fn`; returns the step's metrics, with the
-        `RatioCheck` of the first optimizer step for a policy loss."""
+        `RatioCheck` of the first optimizer step for a policy loss. `pi_old_from_forward` (one optimizer
+        step, on-policy): pi_old is the update's own forward (`update.Trainable.step`), written into
+        `batch.old_log_probs` afterwards."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

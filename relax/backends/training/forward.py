@@ -1,9 +1,13 @@
-"""One micro-batch through the model: left-padded inputs in, response log-probs / entropy / values out.
+"""One micro-batch through the model: padded inputs in, response log-probs / entropy / values out.
 
-Sequences are LEFT-padded, so every response ends at the last position and the model computes logits
-only for the last T+1 positions (`logits_to_keep`), never for the prompt: with a 151k vocabulary the
-logits are most of the activation memory. Outputs come back left-aligned, [B, T] with response token t
-in column t and zeros past each response, as `PolicyLossInputs` expects.
+Two layouts. Text rows are RIGHT-padded and run without an attention mask: under causal attention a real
+token never sees the padding after it, so the result is exact, and with no mask SDPA takes its flash
+(causal) kernel instead of a masked one. Rows with media (mrope positions from the model's own rope
+index) and models whose head is not a plain Linear are LEFT-padded with a mask, so that every response
+ends at the last position and the model computes logits only for the last T+1 positions
+(`logits_to_keep`), never for the prompt: with a 151k vocabulary the logits are most of the activation
+memory. Outputs come back left-aligned either way, [B, T] with response token t in column t and zeros
+past each response, as `PolicyLossInputs` expects.
 
 Log-probs and entropy are written from the log-sum-exp, so no [B, T, V] log-softmax copy is kept:
 :math:`\\log p(y_t) = z_{y_t} - \\mathrm{lse}(z)` and :math:`H = \\mathrm{lse}(z) - \\sum_v p_v z_v`.
@@ -21,7 +25,8 @@ from torch import Tensor, nn
 
 from relax.backends.training import logprobs as lp
 from relax.backends.training.packing import packed_response_states, should_pack
-from relax.data.batch import TrainBatch
+from relax.data.batch import Ragged, TrainBatch
+from relax.models.media_dedup import expanding_media
 from relax.models.multimodal_model import banned_token_ids, mask_media_logits, model_inputs
 
 logger = logging.getLogger(__name__)
@@ -29,44 +34,86 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class MicroBatch:
-    """Model inputs of a few samples of a (rank-local) batch, left-padded to the longest."""
+    """Model inputs of a few samples of a (rank-local) batch, padded to the longest."""
 
-    input_ids: Tensor  # [B, L] prompt + response tokens, left-padded with 0
+    input_ids: Tensor  # [B, L] prompt + response tokens, padded with 0 (left, or right if `right`)
     attention_mask: Tensor  # [B, L] 1 on real tokens
     position_ids: Tensor  # [B, L] 0.. from each row's first real token
     response_lens: Tensor  # [B] (cpu) response length R_b
     T: int  # longest response (>= 1)
     index: list[int]  # rows of the batch; empty for a dummy micro-batch
     media: list[dict[str, Tensor] | None] | None = None  # per-row media tensors (multimodal models)
+    right: bool = False  # right-padded: the model runs without an attention mask (text rows only)
+    seq_lens: Tensor | None = None  # [B] (cpu) real tokens per row
 
     @property
     def num_tokens(self) -> int:
-        return int(self.attention_mask.sum())
+        return int(self.seq_lens.sum()) if self.seq_lens is not None else int(self.attention_mask.sum())
 
 
-def build_micro_batch(batch: TrainBatch | None, idx: list[int], device: torch.device) -> MicroBatch:
-    """Inputs for rows `idx` of `batch`; `batch=None` gives a one-token dummy (keeps ranks in lockstep)."""
+def build_micro_batch(
+    batch: TrainBatch | None, idx: list[int], device: torch.device, right: bool = False
+) -> MicroBatch:
+    """Inputs for rows `idx` of `batch`; `batch=None` gives a one-token dummy (keeps ranks in lockstep).
+    `right`: right-padded, for text rows only (`micro_batch` chooses)."""
     if batch is None:
         seqs, rlen, idx = [[0, 0]], [1], []
     else:
         seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in idx]
         rlen = [len(batch.response_ids[i]) for i in idx]
-    L = max(len(s) for s in seqs)
+    media = batch.media_rows(list(idx)) if batch is not None else None
+    if right and media:
+        raise ValueError("rows with media run left-padded with a mask (their mrope positions need it)")
+    lens = torch.tensor([len(s) for s in seqs])
+    L = int(lens.max())
+    cols = torch.arange(L)[None, :]
+    real = (cols < lens[:, None]) if right else (cols >= (L - lens)[:, None])  # [B, L]
     input_ids = torch.zeros(len(seqs), L, dtype=torch.long)
-    attn = torch.zeros(len(seqs), L, dtype=torch.long)
-    for row, s in enumerate(seqs):
-        input_ids[row, L - len(s) :] = torch.tensor(s)
-        attn[row, L - len(s) :] = 1
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    input_ids[real] = torch.tensor([t for s in seqs for t in s], dtype=torch.long)  # row-major: in order
+    attn = real.long()
+    # right: 0..L-1 on every row (the padding after a row's tokens changes nothing before it)
+    position_ids = cols.expand(len(seqs), L) if right else (attn.cumsum(-1) - 1).clamp(min=0)
     return MicroBatch(
-        input_ids.to(device),
-        attn.to(device),
-        position_ids.to(device),
+        input_ids.to(device, non_blocking=True),
+        attn.to(device, non_blocking=True),
+        position_ids.to(device, non_blocking=True),
         torch.tensor(rlen),
         max(1, max(rlen)),
         list(idx),
-        batch.media_rows(list(idx)) if batch is not None else None,
+        media,
+        right,
+        lens,
     )
+
+
+def right_padded(model: nn.Module, batch: TrainBatch | None, idx: list[int]) -> bool:
+    """Whether rows `idx` run right-padded without a mask: text rows through a plain lm head or a value
+    head (both read the states they need by index); media rows and other heads run left-padded."""
+    if batch is not None and batch.media_rows(idx):
+        return False
+    return hasattr(model, "value_head") or lp.plain_head(model) is not None
+
+
+def micro_batch(
+    model: nn.Module, batch: TrainBatch | None, idx: list[int] | None, device: torch.device
+) -> MicroBatch:
+    """The inputs of rows `idx` of `batch` in the layout `model` runs best (`idx=None`: a dummy)."""
+    rows = idx or []
+    source = batch if idx is not None else None
+    return build_micro_batch(source, rows, device, right=right_padded(model, source, rows))
+
+
+def response_positions(mb: MicroBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """(row, column, position) of every response token (column t of row b), each [N] on the device:
+    position holds the state that predicts the token, which sits at position + 1."""
+    rows_N, cols_N = lp.ragged_index(mb.response_lens)
+    if mb.right:
+        plen_B = mb.seq_lens - mb.response_lens
+        pos_N = plen_B[rows_N] - 1 + cols_N
+    else:
+        pos_N = mb.input_ids.size(1) - 1 - mb.response_lens[rows_N] + cols_N
+    device = mb.input_ids.device
+    return rows_N.to(device), cols_N.to(device), pos_N.to(device)
 
 
 def left_align(x_BT: Tensor, response_lens: Tensor) -> Tensor:
@@ -82,32 +129,34 @@ def policy_forward(
     model: nn.Module, mb: MicroBatch, with_entropy: bool, pack: str = "auto"
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs [B, T] (and entropy [B, T]) of the response tokens, with grad if grad is enabled.
-    Rows with media also pass their tensors and the model's mrope positions.
+    Rows with media also pass their tensors and the model's mrope positions; each distinct image, video
+    or audio of the micro-batch is encoded once (GRPO repeats a prompt's media in all its samples).
 
     With a plain lm head (`logprobs.plain_head`) the model returns its decoder's hidden states and the
     head runs chunked over the response positions only (`logprobs.token_logprobs`); the entropy's
     gradient is computed only if the loss uses it. Otherwise the model's own logits are used. Text-only
     micro-batches run packed into one row where `pack` (`trainer.pack_sequences`) says so."""
     kwargs: dict = {"position_ids": mb.position_ids}
+    plan = None
     if mb.media:
-        kwargs = model_inputs(model, mb.input_ids, mb.attention_mask, mb.media)
+        kwargs, plan = model_inputs(model, mb.input_ids, mb.attention_mask, mb.media, dedupe=True)
     head = lp.plain_head(model)
-    if head is None:
-        return _policy_forward_logits(model, mb, with_entropy, kwargs)
-    seq_lens = mb.attention_mask.sum(-1).cpu()
-    if not mb.media and should_pack(model, seq_lens.tolist(), pack):
-        ids_N = mb.input_ids[mb.attention_mask.bool()]  # row by row: the sequences one after another
-        states, targets, rows_M, cols_M = packed_response_states(model, ids_N, seq_lens, mb.response_lens)
-        logp_M, ent_M = lp.token_logprobs(
-            states, head.weight, targets, with_entropy=with_entropy, banned=banned_token_ids(model)
-        )
-        shape = (mb.input_ids.size(0), mb.T)
-        ent_BT = None if ent_M is None else lp.scatter_padded(ent_M, rows_M, cols_M, shape)
-        return lp.scatter_padded(logp_M, rows_M, cols_M, shape), ent_BT
-    hidden_BLH = lp.decoder_hidden(model, input_ids=mb.input_ids, attention_mask=mb.attention_mask, **kwargs)
-    rows_N, cols_N = lp.ragged_index(mb.response_lens)
-    pos_N = mb.input_ids.size(1) - 1 - mb.response_lens[rows_N] + cols_N  # the state predicting pos_N + 1
-    rows_N, cols_N, pos_N = (t.to(mb.input_ids.device) for t in (rows_N, cols_N, pos_N))
+    with expanding_media(model, plan):
+        if head is None:
+            return _policy_forward_logits(model, mb, with_entropy, kwargs)
+        seq_lens = mb.seq_lens if mb.seq_lens is not None else mb.attention_mask.sum(-1).cpu()
+        if not mb.media and should_pack(model, seq_lens.tolist(), pack):
+            ids_N = mb.input_ids[mb.attention_mask.bool()]  # row by row: the sequences one after another
+            states, targets, rows_M, cols_M = packed_response_states(model, ids_N, seq_lens, mb.response_lens)
+            logp_M, ent_M = lp.token_logprobs(
+                states, head.weight, targets, with_entropy=with_entropy, banned=banned_token_ids(model)
+            )
+            shape = (mb.input_ids.size(0), mb.T)
+            ent_BT = None if ent_M is None else lp.scatter_padded(ent_M, rows_M, cols_M, shape)
+            return lp.scatter_padded(logp_M, rows_M, cols_M, shape), ent_BT
+        mask = None if mb.right else mb.attention_mask
+        hidden_BLH = lp.decoder_hidden(model, input_ids=mb.input_ids, attention_mask=mask, **kwargs)
+    rows_N, cols_N, pos_N = response_positions(mb)
     logp_N, ent_N = lp.token_logprobs(
         hidden_BLH[rows_N, pos_N],  # [N, H]: the states that predict the response tokens
         head.weight,  # read after the forward: FSDP2 keeps the root's parameters gathered until backward
@@ -144,11 +193,55 @@ def _policy_forward_logits(
 
 
 def value_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
-    """Critic values [B, T] of the states that emit each response token (a `ValueHeadModel`)."""
-    values_BL = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+    """Critic values [B, T] of the states that emit each response token (a `ValueHeadModel`; its backbone
+    computes logits for one position only, the values come from the hidden states)."""
+    values_BL = model(
+        input_ids=mb.input_ids,
+        attention_mask=None if mb.right else mb.attention_mask,
+        position_ids=mb.position_ids,
+        logits_to_keep=1,
+    )
+    if mb.right:
+        rows_N, cols_N, pos_N = response_positions(mb)
+        return lp.scatter_padded(values_BL[rows_N, pos_N].float(), rows_N, cols_N, (values_BL.size(0), mb.T))
     return left_align(values_BL[:, -mb.T - 1 : -1].float(), mb.response_lens)
 
 
 def split_rows(x_BT: Tensor, mb: MicroBatch) -> dict[int, Tensor]:
-    """{batch row: its [R_b] slice on cpu} for a forward-only result."""
-    return {i: x_BT[row, : int(mb.response_lens[row])].detach().cpu() for row, i in enumerate(mb.index)}
+    """{batch row: its [R_b] slice on cpu} for a forward-only result: one device-to-host copy for the
+    micro-batch, then the rows as views of one tensor of their tokens."""
+    if not mb.index:  # a dummy micro-batch: no rows of the batch
+        return {}
+    x_BT = x_BT.detach().cpu()
+    lens = mb.response_lens.tolist()
+    valid = torch.arange(x_BT.size(1))[None, :] < mb.response_lens[:, None]
+    rows = torch.split(x_BT[valid], lens)  # views of one new tensor (`Ragged` pickles them as one)
+    return dict(zip(mb.index, rows, strict=True))
+
+
+def forward_rows(
+    model: nn.Module,
+    batch: TrainBatch,
+    plan: list[list[int] | None],
+    device: torch.device,
+    what: str = "logp",
+    pack: str = "auto",
+) -> list[Tensor]:
+    """Forward-only pass of every row of `batch`: per-sample response log-probs (`what="logp"`), entropy
+    (`"entropy"`) or critic values (`"values"`), [N][R_i] on cpu. `plan` lists the micro-batches (row
+    indices; None = a one-token dummy that keeps FSDP ranks in lockstep). The trainers, the critic, the
+    reference and ActorFwd all run their forward-only passes through here."""
+    if what not in ("logp", "entropy", "values"):
+        raise ValueError(f"forward_rows: unknown output {what!r}; use logp, entropy or values")
+    out: list[Tensor] = [torch.empty(0)] * len(batch)
+    with torch.no_grad():
+        for idx in plan:
+            mb = micro_batch(model, batch, idx, device)
+            if what == "values":
+                result = value_forward(model, mb)
+            else:
+                logp, ent = policy_forward(model, mb, with_entropy=what == "entropy", pack=pack)
+                result = ent if what == "entropy" else logp
+            for i, row in split_rows(result, mb).items():
+                out[i] = row
+    return Ragged(out)

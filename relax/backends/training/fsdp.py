@@ -1,5 +1,5 @@
-"""One FSDP2 training rank: the model sharded with `fully_shard`, AdamW, log-probs/entropy/values,
-`train_batch` with token-budget micro-batches, DCP checkpoints, and full-weight gathering for publishing.
+"""One FSDP2 training rank: the policy (and, for PPO, the critic) sharded with `fully_shard`, the shared
+forward and optimizer step (`update.Trainable`), DCP checkpoints, and full-weight gathering for publishing.
 
 A plain class. `relax.backends.training.rank_group` runs one per Ray actor (gloo on CPU, NCCL on GPU); a
 benchmark or a test may build one in process with `world_size=1`. Every public method that touches the
@@ -10,15 +10,16 @@ GLOBAL masked-token / sequence counts (all-reduced here), FSDP's reduce-scatter 
 factor 1), so the summed gradient equals that of one big batch on one rank. Ranks pad their list of
 micro-batches with one-token dummies (zero loss) to the longest list, because every forward/backward
 gathers parameters collectively.
+
+PPO's critic is sharded like the policy, on the same ranks (`with_critic`): a critic on its own Ray
+actors would need GPUs of its own, and in colocate mode each GPU's bundle is already split between the
+engine and the rank. One process per GPU holding actor and critic is also verl's colocated layout.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -26,53 +27,41 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
+from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-from relax.algorithms.pipeline import PolicyLossInputs, ValueLossInputs
-from relax.backends.training import forward as fw
 from relax.backends.training import lora
-from relax.backends.training.base import LossFn, RatioCheck, has_behaviour
-from relax.backends.training.torch_backend import (
-    DTYPES,
-    enable_activation_checkpointing,
-    lr_lambda,
-    resolve_device,
+from relax.backends.training.base import LossFn, RatioCheck
+from relax.backends.training.forward import forward_rows
+from relax.backends.training.loading import DTYPES, layer_types, load_model, resolve_device
+from relax.backends.training.memory import check_static_fit, pending_update_bytes, plan_memory
+from relax.backends.training.profiling import StepProbe
+from relax.backends.training.update import (
+    Totals,
+    Trainable,
+    check_pi_old_from_forward,
+    full,
+    read_trainer_state,
+    write_trainer_state,
 )
 from relax.config.schema import TrainerConfig
-from relax.data.batch import TrainBatch, pack_micro_batches, pad_ragged
+from relax.data.batch import TrainBatch, pack_micro_batches
 
 logger = logging.getLogger(__name__)
 
 # Ray leaves CUDA_VISIBLE_DEVICES alone in an actor started with this variable set to 1
 NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
-
-OLD_VALUES_KEY = "old_values"  # TrainBatch.extras column of critic values at rollout time, [N][R_i]
-
-
-def full(t: Tensor) -> Tensor:
-    """The whole tensor of a (possibly sharded) parameter; a collective for a DTensor sharded over more
-    than one rank. On a one-rank mesh the local shard is the whole tensor: taking it skips DTensor's
-    redistribution, about 45 us of host time per tensor (13 of the 35 ms a 290-tensor publish spent
-    gathering on a 2-core CPU)."""
-    if not isinstance(t, DTensor):
-        return t
-    if t.device_mesh.size() == 1:
-        local = t.to_local()
-        if local.shape == t.shape:  # no padding, no uneven split
-            return local
-    return t.full_tensor()
+STATE_FILE = "trainer_state.pt"
+CRITIC_DIR = "critic"  # the critic's checkpoint folder inside the policy's
 
 
 def compile_layers(layers: list[nn.Module], backend: str = "inductor") -> None:
     """`torch.compile` each decoder layer's forward, with dynamic shapes from the start.
 
     Micro-batches are ragged in rows and length. Left to its default, Dynamo specialised each dimension
-    in turn and recompiled on every new combination (padded or not, one row or several): 5-10 s of
-    inductor each time, in later steps too (a 2.4 s step took 8.6 s on an H200). Dynamic from the start it
-    settles at three graphs: rows >= 2 with and without a padding mask, and one row."""
+    in turn and recompiled on every new combination (padded or not, one row or several), in later steps
+    too (docs/gpus.md). Dynamic from the start it settles at three graphs: rows >= 2 with and without a
+    padding mask, and one row."""
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
 
@@ -90,16 +79,21 @@ class FSDPWorker:
         with_reference: bool = False,
         reference_path: str | None = None,
         seed: int = 0,
-        critic: bool = False,
-        reshard_after_forward: bool = True,
+        with_critic: bool = False,
+        reshard_after_forward: bool | None = None,
     ) -> None:
+        """`with_critic`: also hold PPO's critic, sharded over the same ranks as the policy (the layout
+        verl's users expect: one process per GPU holding actor and critic), trained with `train_critic`."""
         self.model_path, self.cfg, self.rank, self.world_size = model_path, cfg, rank, world_size
         self.dtype, self.total_steps, self.with_reference = dtype, total_steps, with_reference
         self.reference_path = reference_path  # the reference/teacher folder; None = the policy's own
-        self.seed, self.critic = seed, critic
-        # False keeps each layer's gathered (bf16) weights from forward to backward: no second gather,
-        # at the memory of one unsharded model copy (what one rank holds anyway, in fp32)
-        self.reshard_after_forward = reshard_after_forward
+        self.seed, self.with_critic = seed, with_critic
+        # False keeps each layer's gathered (bf16) weights from forward to backward: no second gather and
+        # cast, at the memory of one unsharded model copy. None: False on one rank (the "gather" is a
+        # local copy and cast, and the rank holds the whole model anyway), True on several.
+        self.reshard_after_forward = (
+            world_size > 1 if reshard_after_forward is None else reshard_after_forward
+        )
         self.step = 0  # training steps taken (num_mini_batches optimizer steps each) == the weight version
 
     # -- set-up ------------------------------------------------------------------------------
@@ -134,51 +128,83 @@ class FSDPWorker:
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
         mixed = self.device.type == "cuda" and cfg.mixed_precision == "bf16"
         self.mp_dtype = torch.bfloat16 if mixed else None
-        self.model = self._build(trainable=True)
+        fused = self.device.type == "cuda"  # one kernel for all parameters instead of a foreach chain
+        kw = {"total_steps": self.total_steps, "fused": fused}
+        self.policy = Trainable(self._build(trainable=True, lora=True), cfg, self.device, **kw)
+        self.model, self.optimizer, self.scheduler = (
+            self.policy.model,
+            self.policy.optimizer,
+            self.policy.scheduler,
+        )
         self.ref_model = None
         # with LoRA and no other reference model, the reference is the adapter-free policy
         if self.with_reference and (cfg.lora is None or self.reference_path is not None):
             self.ref_model = self._build(trainable=False, path=self.reference_path)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=cfg.lr,
-            betas=cfg.betas,
-            weight_decay=cfg.weight_decay,
-            fused=self.device.type == "cuda",  # one kernel for all parameters instead of a foreach chain
-        )
-        steps = self.total_steps * cfg.num_mini_batches
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg, steps))
+        self.critic = None
+        if self.with_critic:  # a full-weight critic (no LoRA), trained beside the policy
+            critic_model = self._build(trainable=True, value_head=True)
+            self.critic = Trainable(critic_model, cfg, self.device, value=True, **kw)
+        if self.device.type == "cuda":  # the weights and optimizer states must fit at all, before step 1
+            trainable = sum(pending_update_bytes(t.optimizer) for t in self._trainables()) // 3
+            check_static_fit(trainable, torch.cuda.memory_allocated(self.device), self.device)
+        self.probe = StepProbe(self.rank, self.device)
         logger.info("FSDP rank %d/%d ready on %s", self.rank, self.world_size, self.device)
 
-    def _build(self, trainable: bool, path: str | None = None) -> nn.Module:
+    def _reshard(self) -> bool:
+        """Whether layers give their gathered weights back after forward: always with activation
+        checkpointing, whose recompute gathers them again anyway and which is on because memory is short."""
+        return self.reshard_after_forward or bool(self.cfg.gradient_checkpointing)
+
+    def _set_reshard(self, model: nn.Module) -> None:
+        """Checkpointing turned on by the memory plan: reshard after forward from now on."""
+        for m in model.modules():
+            if hasattr(m, "set_reshard_after_forward") and m is not model:
+                m.set_reshard_after_forward(True, recurse=False)
+
+    def _trainables(self) -> list[Trainable]:
+        return [self.policy] + ([self.critic] if self.critic is not None else [])
+
+    def _budget(self) -> int:
+        """The micro-batch token budget: planned for every model this rank trains at the first call on a
+        GPU, from the memory free then (the colocated engine holds its cache by now; `memory.py`)."""
+        if self.policy.tokens is None:
+            pending = sum(pending_update_bytes(t.optimizer) for t in self._trainables())
+            if not self._reshard() and self.mp_dtype is not None:  # the kept bf16 copy
+                pending += sum(p.numel() * 2 for t in self._trainables() for p in t.model.parameters())
+            compute = 2 if self.mp_dtype is not None else DTYPES[self.dtype].itemsize
+            plan = plan_memory(self.cfg, self.device, self.model, pending, compute)
+            for t in self._trainables():
+                t.apply(plan)
+                if plan.checkpointing and not self._reshard():
+                    self._set_reshard(t.model)
+        return int(self.policy.tokens)
+
+    def _build(
+        self, trainable: bool, path: str | None = None, value_head: bool = False, lora: bool = False
+    ) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from relax.models.multimodal_model import load_causal_lm
-
         master = torch.float32 if self.mp_dtype is not None else DTYPES[self.dtype]
-        model: nn.Module = load_causal_lm(path or self.model_path, dtype=master)
-        no_split = set(getattr(model, "_no_split_modules", None) or [])
-        if trainable:
-            # `from_pretrained` returns the model in eval mode, and Hugging Face layers checkpoint only in
-            # training mode: without this, `gradient_checkpointing` kept every activation.
-            model.train()
-            if self.cfg.gradient_checkpointing:
-                enable_activation_checkpointing(model)
-        if trainable and self.cfg.lora is not None:
-            model = lora.wrap_lora(model, self.cfg.lora)
-        if self.critic:
-            from relax.algorithms.critic import ValueHeadModel
-
-            model = ValueHeadModel(model).to(master)
-        if not trainable:
-            model.eval().requires_grad_(False)
+        model = load_model(
+            path or self.model_path, master, self.cfg, trainable=trainable, value_head=value_head, lora=lora
+        )
         mp = MixedPrecisionPolicy(param_dtype=self.mp_dtype, reduce_dtype=torch.float32)
+        # A layer's inputs are not cast: its hidden states arrive in the compute dtype anyway, and a cast
+        # that FSDP applies in the forward but (torch 2.11) not in activation checkpointing's recompute
+        # left the vision blocks' fp32 rotary tables bf16 in one pass and fp32 in the other, which the
+        # recompute refuses. The blocks upcast those tables themselves.
+        layer_mp = MixedPrecisionPolicy(
+            param_dtype=self.mp_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False
+        )
+        no_split = layer_types(model)
         layers = [m for m in model.modules() if type(m).__name__ in no_split]
-        if self.cfg.compile_layers:  # compile forward only: FSDP's hooks stay outside the graph
+        compile_on = self.cfg.compile_layers
+        if compile_on is None:  # auto: on a GPU the fused elementwise work is most of the gain left
+            compile_on = self.device.type == "cuda"
+        if compile_on:  # compile forward only: FSDP's hooks stay outside the graph
             compile_layers(layers)
         for layer in layers:
-            fully_shard(layer, mesh=self.mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(layer, mesh=self.mesh, mp_policy=layer_mp, reshard_after_forward=self._reshard())
         fully_shard(model, mesh=self.mesh, mp_policy=mp)
         for m in [model, *layers]:
             m.set_gradient_divide_factor(1.0)  # the loss is already scaled by global counts: SUM grads
@@ -194,163 +220,89 @@ class FSDPWorker:
 
     def _plan(self, lengths: list[int]) -> list[list[int] | None]:
         """This rank's micro-batches, padded with `None` (dummy) to the longest list of any rank."""
-        local: list[list[int] | None] = list(pack_micro_batches(lengths, self.cfg.max_tokens_per_micro_batch))
+        local: list[list[int] | None] = list(pack_micro_batches(lengths, self._budget()))
         count = int(self._all_reduce([len(local)], dist.ReduceOp.MAX)[0])
         return local + [None] * (count - len(local))
 
-    # -- forward-only ------------------------------------------------------------------------
-    @torch.no_grad()
-    def _forward_only(self, batch: TrainBatch, what: str, reference: bool = False) -> list[Tensor]:
-        out: list[Tensor] = [torch.empty(0)] * len(batch)
-        model = self.ref_model if (reference and self.ref_model is not None) else self.model
-        if reference and not self.with_reference:
-            raise RuntimeError("reference log-probs requested but the trainer was built without a reference")
-        for idx in self._plan(batch.seq_lens()):
-            mb = fw.build_micro_batch(batch if idx is not None else None, idx or [], self.device)
-            if what == "values":
-                result = fw.value_forward(model, mb)
-            elif reference and self.cfg.lora is not None:
-                with self.model.disable_adapter():
-                    result = fw.policy_forward(model, mb, with_entropy=False, pack=self.cfg.pack_sequences)[0]
-            else:
-                logp, ent = fw.policy_forward(
-                    model, mb, with_entropy=what == "entropy", pack=self.cfg.pack_sequences
-                )
-                result = ent if what == "entropy" else logp
-            for i, row in fw.split_rows(result, mb).items():
-                out[i] = row
-        return out
+    def _totals(self, mini: TrainBatch, max_len: int) -> Totals:
+        """The mini-batch's counts over every rank's share (a collective)."""
+        tokens, seqs = self._all_reduce([sum(sum(m) for m in mini.loss_mask), len(mini)])
+        return Totals(max(tokens, 1.0), seqs, max_len)
 
+    # -- forward-only ------------------------------------------------------------------------
     def compute_log_probs(self, batch: TrainBatch, *, reference: bool = False) -> list[Tensor]:
         """Per-sample log-probs of the response tokens, [N][R_i] (reference: the frozen model/teacher)."""
-        return self._forward_only(batch, "logp", reference)
+        if reference and not self.with_reference:
+            raise RuntimeError("reference log-probs requested but the trainer was built without a reference")
+        plan = self._plan(batch.seq_lens())
+        with self.probe.forward(self.step + 1):
+            if not reference:
+                return self.policy.forward_rows(batch, plan)
+            if self.ref_model is not None:
+                return forward_rows(self.ref_model, batch, plan, self.device, "logp", self.cfg.pack_sequences)
+            with self.model.disable_adapter():  # LoRA: the reference is the policy without its adapters
+                return self.policy.forward_rows(batch, plan)
 
     def compute_entropy(self, batch: TrainBatch) -> list[Tensor]:
-        return self._forward_only(batch, "entropy")
+        plan = self._plan(batch.seq_lens())
+        with self.probe.forward(self.step + 1):
+            return self.policy.forward_rows(batch, plan, "entropy")
 
     def compute_values(self, batch: TrainBatch) -> list[Tensor]:
         """Critic values of the states that emit each response token, [N][R_i]."""
-        return self._forward_only(batch, "values")
+        plan = self._plan(batch.seq_lens())
+        with self.probe.forward(self.step + 1):
+            return self._critic().forward_rows(batch, plan)
+
+    def _critic(self) -> Trainable:
+        if self.critic is None:
+            raise RuntimeError(
+                "critic values or training requested, but the ranks were built without a critic"
+            )
+        return self.critic
 
     # -- training ----------------------------------------------------------------------------
-    def train_minibatches(self, minis: list[TrainBatch], loss_fn: LossFn) -> list[dict[str, Any]]:
-        """One optimizer step per mini-batch (this rank's shard of it); returns per-step partial metrics
-        to be merged over ranks with `merge_partials`."""
-        longest = max([max(m.response_lens(), default=1) for m in minis], default=1)
-        max_len = int(self._all_reduce([longest], dist.ReduceOp.MAX)[0])
+    def train_minibatches(
+        self, minis: list[TrainBatch], loss_fn: LossFn, pi_old_from_forward: bool = False
+    ) -> list[dict[str, Any]]:
+        """One optimizer step of the policy per mini-batch (this rank's shard of it); returns per-step
+        partial metrics to be merged over ranks with `update.merge_partials` (`pi_old_from_forward`:
+        `update.Trainable.step`; the first partial then holds them)."""
         check = RatioCheck()
-        with self._profiled(self.step + 1):
-            out = [
-                self._optimizer_step(mini, loss_fn, max_len, check if k == 0 else None)
-                for k, mini in enumerate(minis)
-            ]
+        check_pi_old_from_forward(pi_old_from_forward, len(minis))
+        with self.probe.update(self.step + 1):
+            out = self._steps(self.policy, minis, loss_fn, check, pi_old_from_forward)
         out[0]["ratio_check"] = check.result()
+        out[0]["rank_metrics"] = {
+            **self.probe.metrics(),
+            "perf/micro_batch_tokens": float(self._budget()),
+            "perf/activation_checkpointing": float(bool(self.policy.checkpointing)),
+        }
         self.step += 1
         return out
 
-    @contextlib.contextmanager
-    def _profiled(self, step: int) -> Iterator[None]:
-        """`RELAX_PROFILE_STEPS=3,7` (and `RELAX_PROFILE_DIR`, default `profiles`): run those training
-        steps under the torch profiler and write each rank's top operators to
-        `<dir>/train_step<N>_rank<R>.txt`."""
-        steps = {int(x) for x in os.environ.get("RELAX_PROFILE_STEPS", "").split(",") if x.strip()}
-        if step not in steps:
-            yield
-            return
-        from torch.profiler import ProfilerActivity, profile
+    def train_critic(self, minis: list[TrainBatch], loss_fn: LossFn) -> list[dict[str, Any]]:
+        """`train_minibatches` for the critic: a value loss on `returns` and the old values in
+        `extras["old_values"]`. Does not advance the weight version (the policy's)."""
+        return self._steps(self._critic(), minis, loss_fn, None)
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
-            yield
-        out = Path(os.environ.get("RELAX_PROFILE_DIR", "profiles"))
-        out.mkdir(parents=True, exist_ok=True)
-        sort = "cuda_time_total" if self.device.type == "cuda" else "cpu_time_total"
-        table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
-        if self.device.type == "cuda":
-            st = torch.cuda.memory_stats(self.device)
-            keys = ("num_alloc_retries", "num_ooms", "reserved_bytes.all.peak", "allocated_bytes.all.peak")
-            table += "\n" + " ".join(f"{k}={st.get(k, 0)}" for k in keys) + "\n"
-        (out / f"train_step{step}_rank{self.rank}.txt").write_text(table)
-
-    def _optimizer_step(
-        self, mini: TrainBatch, loss_fn: LossFn, max_len: int, check: RatioCheck | None
-    ) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        tokens, seqs = self._all_reduce([sum(sum(m) for m in mini.loss_mask), len(mini)])
-        loss_total, weighted, weight_sum = 0.0, {}, 0.0
-        for idx in self._plan(mini.seq_lens()):
-            mb = fw.build_micro_batch(mini if idx is not None else None, idx or [], self.device)
-            if idx is None:  # dummy: join the collectives, add nothing to the gradient
-                out = (
-                    fw.value_forward(self.model, mb)
-                    if self.critic
-                    else fw.policy_forward(self.model, mb, False, self.cfg.pack_sequences)[0]
-                )
-                (out.sum() * 0.0).backward()
-                continue
-            inputs = self._loss_inputs(mini, mb, max(tokens, 1.0), seqs, max_len)
-            if check is not None and isinstance(inputs, PolicyLossInputs):
-                check.add(inputs, has_behaviour(mini, idx))
-            loss, metrics = loss_fn(inputs)
-            loss.backward()
-            loss_total += float(loss.detach())
-            w = float(inputs.loss_mask.sum())
-            weight_sum += w
-            for k, v in metrics.items():
-                weighted[k] = weighted.get(k, 0.0) + float(v) * w
-        grad_norm = self._clip_grad_norm()
-        lr = self.scheduler.get_last_lr()[0]
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            logger.warning("non-finite grad norm %s at step %d: update skipped", grad_norm, self.step)
-        self.scheduler.step()
-        return {
-            "loss": loss_total,
-            "weighted": weighted,
-            "weight": weight_sum,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "seconds": time.perf_counter() - t0,  # on this rank (float(grad_norm) waited for the GPU)
-        }
-
-    def _loss_inputs(
-        self, mini: TrainBatch, mb: fw.MicroBatch, tokens: float, seqs: float, max_len: int
-    ) -> PolicyLossInputs | ValueLossInputs:
-        def col(rows: list | None) -> Tensor | None:
-            return None if rows is None else pad_ragged([rows[i] for i in mb.index], mb.T).to(self.device)
-
-        if self.critic:
-            return ValueLossInputs(
-                values=fw.value_forward(self.model, mb),
-                old_values=col(mini.extras[OLD_VALUES_KEY]),
-                returns=col(mini.returns),
-                loss_mask=col(mini.loss_mask),
-                global_num_tokens=tokens,
-                global_num_seqs=seqs,
-                max_response_len=max_len,
+    def _steps(
+        self,
+        model: Trainable,
+        minis: list[TrainBatch],
+        loss_fn: LossFn,
+        check: RatioCheck | None,
+        pi_old_from_forward: bool = False,
+    ) -> list[dict[str, Any]]:
+        longest = max([max(m.response_lens(), default=1) for m in minis], default=1)
+        max_len = int(self._all_reduce([longest], dist.ReduceOp.MAX)[0])
+        out = []
+        for k, mini in enumerate(minis):
+            plan, totals = self._plan(mini.seq_lens()), self._totals(mini, max_len)
+            out.append(
+                model.step(mini, plan, loss_fn, totals, check if k == 0 else None, pi_old_from_forward)
             )
-        logp_BT, ent_BT = fw.policy_forward(self.model, mb, with_entropy=True, pack=self.cfg.pack_sequences)
-        return PolicyLossInputs(
-            log_probs=logp_BT,
-            old_log_probs=col(mini.old_log_probs),
-            advantages=col(mini.advantages),
-            loss_mask=col(mini.loss_mask),
-            rollout_log_probs=col(mini.rollout_log_probs),
-            ref_log_probs=col(mini.ref_log_probs),
-            entropy=ent_BT,
-            global_num_tokens=tokens,
-            global_num_seqs=seqs,
-            max_response_len=max_len,
-        )
-
-    def _clip_grad_norm(self) -> Tensor:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, False, None)
-        norm = full(norm)  # a DTensor of partial norms -> the global norm
-        torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, norm)
-        return norm
+        return out
 
     # -- weights -----------------------------------------------------------------------------
     def weight_stream(
@@ -426,33 +378,26 @@ class FSDPWorker:
         return StateDictOptions(ignore_frozen_params=lora_run, strict=not lora_run)
 
     def save(self, path: str | Path) -> None:
-        """Sharded model + optimizer with DCP (loadable on any rank count); rank 0 writes the step."""
+        """Sharded model + optimizer with DCP (loadable on any rank count); rank 0 writes the step. The
+        critic, if any, goes to `path/critic` in the same layout."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        msd, osd = get_state_dict(self.model, self.optimizer, options=self._state_options())
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path / "dcp"))
+        self.policy.save(path, self._state_options())
+        if self.critic is not None:
+            self.critic.save(path / CRITIC_DIR)
         if self.rank == 0:
-            torch.save(
-                {"step": self.step, "scheduler": self.scheduler.state_dict()}, path / "trainer_state.pt"
-            )
-            (path / "trainer.json").write_text(json.dumps({"step": self.step, "world_size": self.world_size}))
+            write_trainer_state(path, self.step, self.scheduler, STATE_FILE, world_size=self.world_size)
+            if self.critic is not None:
+                write_trainer_state(path / CRITIC_DIR, self.step, self.critic.scheduler, STATE_FILE)
         dist.barrier()
 
     def load(self, path: str | Path) -> int:
         path = Path(path)
-        msd, osd = get_state_dict(self.model, self.optimizer, options=self._state_options())
-        state = {"model": msd, "optim": osd}
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=self._state_options(),
-        )
-        extra = torch.load(path / "trainer_state.pt", weights_only=False)
-        self.scheduler.load_state_dict(extra["scheduler"])
-        self.step = int(extra["step"])
+        self.policy.load(path, self._state_options())
+        self.step = read_trainer_state(path, self.scheduler, STATE_FILE)
+        if self.critic is not None:
+            self.critic.load(path / CRITIC_DIR)
+            read_trainer_state(path / CRITIC_DIR, self.critic.scheduler, STATE_FILE)
         logger.info("rank %d restored from %s at step %d", self.rank, path, self.step)
         return self.step
 
@@ -488,28 +433,3 @@ def assigned_gpu_index() -> int:
         return 0
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     return visible.index(ids[0]) if ids[0] in visible else int(ids[0]) if not visible else 0
-
-
-def merge_partials(per_rank: list[list[dict[str, Any]]]) -> dict[str, float]:
-    """Per-rank, per-step partial metrics -> one dict: losses summed over ranks (each rank's loss is its
-    share of the global loss), metrics token-weighted, then averaged over the optimizer steps."""
-    steps = len(per_rank[0])
-    totals: dict[str, float] = {}
-    for k in range(steps):
-        parts = [r[k] for r in per_rank]
-        weight = sum(p["weight"] for p in parts)
-        metrics: dict[str, float] = {}
-        for p in parts:
-            for name, v in p["weighted"].items():
-                metrics[f"train/{name}"] = metrics.get(f"train/{name}", 0.0) + v / max(weight, 1.0)
-        metrics["train/loss"] = sum(p["loss"] for p in parts)
-        metrics["train/grad_norm"] = parts[0]["grad_norm"]
-        metrics["train/lr"] = parts[0]["lr"]
-        if all("seconds" in p for p in parts):  # the slowest rank's optimizer step, summed over steps
-            metrics["perf/rank_update_s"] = max(p["seconds"] for p in parts) * steps
-        for name, v in metrics.items():
-            totals[name] = totals.get(name, 0.0) + v / steps
-    for r in per_rank:  # the ratio check of the first step: the largest deviation of any rank
-        for name, v in r[0].get("ratio_check", {}).items():
-            totals[name] = max(totals.get(name, 0.0), v)
-    return totals

@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
-from relax.backends.training.base import LossFn
-from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker, merge_partials
+from relax.backends.training.base import LossFn, check_train_batch
+from relax.backends.training.critic_backend import with_old_values
+from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker
+from relax.backends.training.update import gather_rows, merge_partials, mini_batch_indices
 from relax.config.schema import TrainerConfig
-from relax.data.batch import TrainBatch
+from relax.data.batch import Ragged, TrainBatch
 from relax.utils.cpu_affinity import with_cpu_affinity
 from relax.utils.gc_freeze import with_frozen_startup
 from relax.utils.placement import bundle_options, wait_for_placement
@@ -42,55 +44,35 @@ def balance_by_tokens(lengths: list[int], num_ranks: int) -> list[list[int]]:
     return [sorted(s) for s in shards]
 
 
-def subset(batch: TrainBatch, idx: list[int]) -> TrainBatch:
-    """The rows `idx` of `batch` (every per-sample column, extras included)."""
-
-    def pick(rows: list | None) -> list | None:
-        return None if rows is None else [rows[i] for i in idx]
-
-    return TrainBatch(
-        prompt_ids=pick(batch.prompt_ids),
-        response_ids=pick(batch.response_ids),
-        loss_mask=pick(batch.loss_mask),
-        rollout_log_probs=pick(batch.rollout_log_probs),
-        rewards=pick(batch.rewards),
-        group_index=pick(batch.group_index),
-        weight_versions=pick(batch.weight_versions),
-        old_log_probs=pick(batch.old_log_probs),
-        ref_log_probs=pick(batch.ref_log_probs),
-        advantages=pick(batch.advantages),
-        returns=pick(batch.returns),
-        multimodal_inputs=pick(batch.multimodal_inputs),
-        extras={k: pick(v) for k, v in batch.extras.items()},
-    )
-
-
 class TrainerGroup:
     def __init__(
         self,
         model_path: str,
         cfg: TrainerConfig,
         *,
-        dtype: str = "float32",
-        total_steps: int = 1,
-        with_reference: bool = False,
-        reference_path: str | None = None,
-        seed: int = 0,
-        critic: bool = False,
         gpus_per_rank: float | None = None,
         gpu_group: str | None = None,
         cpus: str | None = None,
         placement: dict[str, Any] | None = None,
+        **options: Any,
     ) -> None:
-        """`placement`: Ray `resources` (added to each rank's bundle) and `label_selector` (the nodes the
-        bundles may go to) from `resources.placement.ranks`; a colocate GPU group already places them."""
+        """`options`: each rank's `FSDPWorker` options (dtype, total_steps, with_reference,
+        reference_path, seed, with_critic). Where the ranks run: `gpus_per_rank` (None = one GPU on a GPU
+        cluster, else 0), `gpu_group` (colocate: the named placement group shared with the engines),
+        `cpus` (the training CPU budget the ranks are pinned to), `placement` (Ray `resources` added to
+        each rank's bundle and a `label_selector` of the nodes the bundles may go to, from
+        `resources.placement.ranks`; a colocate GPU group already places them)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.cfg = cfg
         n = cfg.num_ranks
         gpus = gpus_per_rank if gpus_per_rank is not None else (1 if _wants_gpu(cfg, n) else 0)
+        if not gpus and cfg.device == "auto":
+            # Ray leaves every GPU visible to an actor that asked for none: `auto` would put all ranks
+            # on GPU 0, where NCCL refuses two ranks of one group. Ranks given no GPU train on the CPU.
+            cfg = cfg.model_copy(update={"device": "cpu"})
+        self.cfg = cfg
         if gpu_group and gpus:  # colocate: rank r shares bundle r (one GPU) with engine r
             self.pg = None
             placement = [bundle_options(gpu_group, r) for r in range(n)]
@@ -121,27 +103,20 @@ class TrainerGroup:
         if gpus and n > 1 and cfg.ranks_see_all_gpus:
             # Ray would narrow CUDA_VISIBLE_DEVICES to the rank's own GPU; NCCL then cannot use
             # peer-to-peer copies between ranks and goes through host memory (FSDP's gathers and
-            # reduce-scatters ran at ~12 GB/s on 2 H200s). The rank picks its GPU by index instead.
+            # reduce-scatters were slow: docs/trainer.md). The rank picks its GPU by index instead.
             for p in placement:
                 p["runtime_env"] = {"env_vars": {NOSET_CUDA_ENV: "1"}}
         self.ranks = [
             rank_cls.options(num_cpus=cfg.cpus_per_rank, num_gpus=gpus, **placement[r]).remote(
-                model_path,
-                cfg,
-                rank=r,
-                world_size=n,
-                dtype=dtype,
-                total_steps=total_steps,
-                with_reference=with_reference,
-                reference_path=reference_path,
-                seed=seed,
-                critic=critic,
+                model_path, cfg, rank=r, world_size=n, **options
             )
             for r in range(n)
         ]
         addr, port = ray.get(self.ranks[0].address.remote())
         self._call_all("setup", addr, port)
         self.step = 0  # the weight version of the current parameters (all ranks agree)
+        # PPO's critic, on the same ranks (FSDPWorker `with_critic`); the Actor uses it like a TorchCritic
+        self.critic = GroupCritic(self) if options.get("with_critic") else None
         logger.info("trainer group: %d FSDP ranks, rendezvous at %s:%d", n, addr, port)
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -160,12 +135,12 @@ class TrainerGroup:
 
     def _per_sample(self, method: str, batch: TrainBatch, **kwargs: Any) -> list[torch.Tensor]:
         shards = balance_by_tokens(batch.seq_lens(), len(self.ranks))
-        results = self._call_sharded(method, [subset(batch, s) for s in shards], **kwargs)
+        results = self._call_sharded(method, [batch.subset(s) for s in shards], **kwargs)
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
         for idx, rows in zip(shards, results, strict=True):
             for i, row in zip(idx, rows, strict=True):
                 out[i] = row
-        return out
+        return Ragged(out)
 
     # -- the TrainingBackend seam ------------------------------------------------------------
     def compute_log_probs(self, batch: TrainBatch, *, reference: bool = False) -> list[torch.Tensor]:
@@ -177,21 +152,30 @@ class TrainerGroup:
     def compute_values(self, batch: TrainBatch) -> list[torch.Tensor]:
         return self._per_sample("compute_values", batch)
 
-    def train_batch(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-        """`num_mini_batches` optimizer steps (the same mini-batches as `TorchTrainer`), each split by tokens."""
-        if batch.advantages is None and batch.returns is None:
-            raise ValueError("train_batch needs batch.advantages (policy) or batch.returns (critic)")
-        m = self.cfg.num_mini_batches
-        minis = [list(range(len(batch)))[k::m] for k in range(m)]
-        per_rank: list[list[TrainBatch]] = [[] for _ in self.ranks]
-        for mini in minis:
-            for r, shard in enumerate(
-                balance_by_tokens([batch.seq_lens()[i] for i in mini], len(self.ranks))
-            ):
-                per_rank[r].append(subset(batch, [mini[j] for j in shard]))
-        partials = self._call_sharded("train_minibatches", per_rank, loss_fn)
+    def train_batch(
+        self, batch: TrainBatch, loss_fn: LossFn, *, pi_old_from_forward: bool = False
+    ) -> dict[str, float]:
+        """`num_mini_batches` optimizer steps (the same mini-batches as `TorchTrainer`), each split by
+        tokens (`pi_old_from_forward`: `TrainingBackend.train_batch`)."""
+        check_train_batch(batch, pi_old_from_forward)
+        minis, rows = self._shard_minis(batch)
+        partials = self._call_sharded("train_minibatches", minis, loss_fn, pi_old_from_forward)
+        if pi_old_from_forward:  # one mini-batch: each rank's first partial holds its rows' pi_old
+            shards = [(r[0], p[0]["old_log_probs"]) for r, p in zip(rows, partials, strict=True)]
+            batch.old_log_probs = gather_rows(len(batch), shards)
         self.step += 1
-        return merge_partials(partials)
+        return merge_partials(partials, "train")
+
+    def _shard_minis(self, batch: TrainBatch) -> tuple[list[list[TrainBatch]], list[list[list[int]]]]:
+        """Per rank, its share of every mini-batch (balanced by tokens), and the batch rows of each share."""
+        per_rank: list[list[TrainBatch]] = [[] for _ in self.ranks]
+        rows: list[list[list[int]]] = [[] for _ in self.ranks]
+        seq_lens = batch.seq_lens()
+        for mini in mini_batch_indices(len(batch), self.cfg.num_mini_batches):
+            for r, shard in enumerate(balance_by_tokens([seq_lens[i] for i in mini], len(self.ranks))):
+                rows[r].append([mini[j] for j in shard])
+                per_rank[r].append(batch.subset(rows[r][-1]))
+        return per_rank, rows
 
     def named_weights(self, mode: str = "full") -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights under engine names, gathered on rank 0 and returned here (tests, disk sync)."""
@@ -234,6 +218,31 @@ class TrainerGroup:
         except Exception:  # noqa: BLE001 - a rank may already be dead; kill them anyway
             logger.exception("trainer group: clean shutdown failed")
         self.kill()
+
+
+class GroupCritic:
+    """The critic held by a `TrainerGroup`'s ranks, with `TorchCritic`'s methods (the Actor uses either)."""
+
+    def __init__(self, group: TrainerGroup) -> None:
+        self.group = group
+
+    def compute_values(self, batch: TrainBatch) -> list[torch.Tensor]:
+        return self.group._per_sample("compute_values", batch)
+
+    def train_values(
+        self, batch: TrainBatch, old_values: list[torch.Tensor], loss_fn: LossFn
+    ) -> dict[str, float]:
+        """`num_mini_batches` optimizer steps of the critic; metrics under `critic/`."""
+        if batch.returns is None:
+            raise ValueError("critic training needs batch.returns (from compute_advantages)")
+        minis, _ = self.group._shard_minis(with_old_values(batch, old_values))
+        return merge_partials(self.group._call_sharded("train_critic", minis, loss_fn), "critic")
+
+    def save(self, path: Path | str) -> None:
+        """Nothing to do: the ranks save the critic with the policy, into its `critic/` folder."""
+
+    def load(self, path: Path | str) -> None:
+        """Nothing to do: the ranks restore the critic with the policy."""
 
 
 def _wants_gpu(cfg: TrainerConfig, ranks: int) -> bool:

@@ -16,8 +16,9 @@ from test_torch_backend import make_batch
 
 from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_policy_loss
-from relax.backends.training.fsdp import FSDPWorker, merge_partials
+from relax.backends.training.fsdp import FSDPWorker
 from relax.backends.training.torch_backend import TorchTrainer
+from relax.backends.training.update import merge_partials
 from relax.config.schema import TrainerConfig
 
 LOSS = make_policy_loss(AlgorithmConfig())

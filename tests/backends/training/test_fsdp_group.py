@@ -11,7 +11,7 @@ from test_torch_backend import make_batch
 from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_policy_loss
 from relax.backends.inference.embedded.server import EngineServer
-from relax.backends.training.rank_group import TrainerGroup, balance_by_tokens, subset
+from relax.backends.training.rank_group import TrainerGroup, balance_by_tokens
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config.schema import TrainerConfig
 from relax.engine_api.client import EngineClient
@@ -37,7 +37,7 @@ def test_balance_by_tokens_spreads_tokens_and_keeps_every_sample():
     assert abs(loads[0] - loads[1]) <= 2
     assert balance_by_tokens([5], 3) == [[0], [], []]  # an idle rank still takes part (dummy micro-batch)
     b = make_batch(n=4)
-    sub = subset(b, [3, 1])
+    sub = b.subset([3, 1])
     assert sub.prompt_ids == [b.prompt_ids[3], b.prompt_ids[1]] and len(sub) == 2
 
 

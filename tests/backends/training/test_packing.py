@@ -1,8 +1,9 @@
 """Sequence packing (`packing.py`): a packed forward gives the padded forward's response log-probs,
-entropy and gradients, in both forward paths (the in-process trainer's right-padded one and the FSDP
-ranks' left-padded one), and `auto` packs only where it pays."""
+entropy and gradients (the one forward path every trainer uses), and `auto` packs only where it pays."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ from test_torch_backend import make_batch
 
 from relax.backends.training import forward as fw
 from relax.backends.training.packing import DENSE_MAX_TOKENS, should_pack
-from relax.backends.training.torch_backend import response_log_probs
 from relax.models.multimodal_model import load_causal_lm
 from relax.models.tiny import write_tiny_model
 
@@ -44,15 +44,10 @@ def _compare(model, run):
         torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_packed_trainer_forward_matches_padded(model):
-    batch = make_batch(n=7, seed=3)  # prompts of 3-8 tokens, responses of 1-6
-    idx = [0, 2, 3, 4, 6]
-    _compare(model, lambda pack: response_log_probs(model, batch, idx, torch.device("cpu"), True, pack)[:2])
-
-
-def test_packed_fsdp_forward_matches_padded(model):
-    batch = make_batch(n=6, seed=4)
-    mb = fw.build_micro_batch(batch, [1, 2, 3, 5], torch.device("cpu"))
+@pytest.mark.parametrize(("n", "seed", "idx"), [(7, 3, [0, 2, 3, 4, 6]), (6, 4, [1, 2, 3, 5])])
+def test_packed_forward_matches_padded(model, n, seed, idx):
+    batch = make_batch(n=n, seed=seed)  # prompts of 3-8 tokens, responses of 1-6
+    mb = fw.build_micro_batch(batch, idx, torch.device("cpu"))
     _compare(model, lambda pack: fw.policy_forward(model, mb, with_entropy=True, pack=pack))
 
 
@@ -67,3 +62,57 @@ def test_auto_packs_only_where_it_pays(model):
         assert should_pack(model, [DENSE_MAX_TOKENS, 10], "auto")
     finally:
         model.config._attn_implementation = before
+
+
+def test_right_padded_without_mask_matches_left_padded(model):
+    """Text rows run right-padded with no attention mask (causal attention never reaches the padding
+    after a row's tokens): the same log-probs, entropy and gradients as left-padded with a mask."""
+    batch = make_batch(n=6, seed=5)
+    idx = [0, 1, 3, 4, 5]
+    out = {}
+    for right in (False, True):
+        mb = fw.build_micro_batch(batch, idx, torch.device("cpu"), right=right)
+        logp, ent = fw.policy_forward(model, mb, with_entropy=True, pack="off")
+        weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+        out[right] = (logp.detach(), ent.detach(), _grads(model, (logp * weights).sum() + 0.1 * ent.sum()))
+    assert fw.micro_batch(model, batch, idx, torch.device("cpu")).right  # the layout text rows get
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[True][1], out[False][1], atol=1e-5, rtol=1e-5)
+    for name, g in out[False][2].items():
+        torch.testing.assert_close(out[True][2][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_critic_values_agree_in_both_layouts(model):
+    from relax.algorithms.critic import ValueHeadModel
+
+    critic = ValueHeadModel(model)
+    torch.nn.init.normal_(critic.value_head.weight)  # a head that reads the states
+    batch = make_batch(n=5, seed=6)
+    got = [
+        fw.value_forward(critic, fw.build_micro_batch(batch, [0, 1, 2, 4], torch.device("cpu"), right=r))
+        for r in (False, True)
+    ]
+    assert got[0].abs().sum() > 0
+    torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: SDPA's flash kernel in bf16")
+def test_right_padded_flash_path_matches_masked_path_on_a_gpu(model):
+    """On a GPU the mask-free layout runs SDPA's flash kernel, the masked one another kernel: in bf16 the
+    two agree to bf16 noise against the fp32 result."""
+    batch = make_batch(n=8, seed=7)
+    idx = list(range(8))
+    gpu = copy.deepcopy(model).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        ref, _ = fw.policy_forward(model, fw.build_micro_batch(batch, idx, torch.device("cpu")), False, "off")
+        got = {
+            right: fw.policy_forward(
+                gpu, fw.build_micro_batch(batch, idx, torch.device("cuda"), right=right), False, "off"
+            )[0]
+            .float()
+            .cpu()
+            for right in (False, True)
+        }
+    for right, logp in got.items():
+        assert (logp - ref).abs().max() < 0.05, right  # bf16 against fp32
+    assert (got[True] - got[False]).abs().max() < 0.05

@@ -146,3 +146,17 @@ def test_pad_ragged_pads_cuts_and_keeps_order():
     assert torch.equal(pad_ragged([torch.tensor(r) for r in rows], 4), want)  # tensor rows alike
     assert torch.equal(pad_ragged([[1, 2], [3]], 3, dtype=torch.long), torch.tensor([[1, 2, 0], [3, 0, 0]]))
     assert pad_ragged([[], []], 2).abs().sum() == 0 and pad_ragged([], 3).shape == (0, 3)
+
+
+def test_ragged_rows_cross_processes_as_one_tensor():
+    import pickle
+
+    from relax.data.batch import Ragged
+
+    rows = Ragged([torch.arange(3.0), torch.zeros(0), torch.tensor([7.0])])
+    back = pickle.loads(pickle.dumps(rows))
+    assert isinstance(back, Ragged) and [r.tolist() for r in back] == [[0.0, 1.0, 2.0], [], [7.0]]
+    b = make_batch(n=4)
+    sub = pickle.loads(pickle.dumps(b.subset([3, 1])))  # tensor columns go flat
+    assert isinstance(sub.advantages, Ragged) and torch.equal(sub.advantages[0], b.advantages[3])
+    assert sub.prompt_ids == [b.prompt_ids[3], b.prompt_ids[1]]
