@@ -9,6 +9,8 @@ the accepted values or keys, and a close match when the key looks like a typo.
 from __future__ import annotations
 
 import difflib
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from relax.config.schema import RelaxConfig
+from relax.utils.redact import redact_tree
 
 
 class ConfigError(ValueError):
@@ -88,6 +91,30 @@ def _explain(err: ValidationError) -> str:
     return "invalid config:\n  - " + "\n  - ".join(lines)
 
 
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env(data: Any, where: str = "") -> Any:
+    """`${NAME}` in a string value is replaced by the environment variable NAME, so credentials need not
+    be written in the YAML (`Authorization: "Bearer ${REWARD_TOKEN}"`); a variable that is not set is an
+    error naming the key."""
+    if isinstance(data, dict):
+        return {k: expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [expand_env(v, f"{where}[{i}]") for i, v in enumerate(data)]
+    if isinstance(data, str) and "${" in data:
+
+        def value(m: re.Match) -> str:
+            if m[1] not in os.environ:
+                raise ConfigError(
+                    f"{where}: environment variable {m[1]} is not set (the config refers to ${{{m[1]}}})"
+                )
+            return os.environ[m[1]]
+
+        return _ENV_REF.sub(value, data)
+    return data
+
+
 def build_config(data: dict[str, Any]) -> RelaxConfig:
     try:
         return RelaxConfig.model_validate(data)
@@ -110,9 +137,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"{path} is not valid YAML: {e}") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of sections (run, model, data, ...)")
-    return build_config(apply_overrides(data, overrides or []))
+    return build_config(expand_env(apply_overrides(data, overrides or [])))
 
 
 def dump_config(cfg: RelaxConfig, path: str | Path) -> None:
-    """Write the resolved config (every default filled in) so a run folder documents itself."""
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """Write the resolved config (every default filled in) so a run folder documents itself; credentials
+    are masked (relax/utils/redact.py), so the file can be shared."""
+    tmp = Path(path).with_suffix(".yaml.tmp")
+    tmp.write_text(yaml.safe_dump(redact_tree(cfg.model_dump(mode="json")), sort_keys=False))
+    tmp.replace(path)

@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from relax.algorithms.config import AlgorithmConfig
 from relax.data.config import DataConfig, Section
@@ -21,6 +21,16 @@ class RunConfig(Section):
     name: str = Field("relax-run", description="Run name; the run folder is `<output_dir>/<name>`.")
     output_dir: str = Field("runs", description="Parent folder of run folders.")
     seed: int = Field(0, description="Seed for data order, sampling and initialisation.")
+    token: SecretStr | None = Field(
+        None,
+        exclude=True,
+        description="The run's secret, which every server the run starts requires as a bearer token; set by "
+        "the Controller from RELAX_RUN_TOKEN or generated, kept in <run_dir>/secrets/run_token (0600), "
+        "never written to config.yaml.",
+    )
+
+    def token_value(self) -> str | None:
+        return self.token.get_secret_value() if self.token is not None else None
 
     @property
     def run_dir(self) -> Path:
@@ -139,7 +149,7 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(64, gt=0, description="Response length cap in tokens.")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(-1, description="Top-k sampling (-1 = off).")
+    top_k: int = Field(-1, description="Top-k sampling (-1 = off; else at least 1).")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p sampling threshold (0 = off).")
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
     engine: Literal["embedded", "external"] = Field(
@@ -195,6 +205,15 @@ class RolloutConfig(Section):
     def rows_per_step(self) -> int:
         """Training rows of one step: prompts x samples x contexts per sample."""
         return self.prompts_per_step * self.n_samples_per_prompt * self.agent.contexts_per_sample
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError(
+                f"rollout.top_k={value} samples from no token; use -1 (off) or a count of at least 1"
+            )
+        return value
 
     @model_validator(mode="after")
     def _external_needs_urls(self) -> RolloutConfig:
@@ -657,3 +676,12 @@ class RelaxConfig(Section):
                 "rollout.n_samples_per_prompt >= 2 (8 is typical)"
             )
         return self
+
+
+def register_config_secrets(cfg: RelaxConfig) -> None:
+    """Mask this config's credentials and the run's token in everything this process logs."""
+    from relax.utils.redact import register_secret, secret_values
+
+    for value in secret_values(cfg.model_dump(mode="json")):
+        register_secret(value)
+    register_secret(cfg.run.token_value())

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from relax.config import RelaxConfig
 
+from relax.utils.redact import redact_tree
+
 logger = logging.getLogger(__name__)
 
 
@@ -103,7 +105,7 @@ class WandbSink:
             name=run_name,
             dir=str(run_dir),
             mode=mode,
-            config=config,
+            config=redact_tree(config),  # credentials stay out of W&B's run config
             reinit="create_new",
             settings=wandb.Settings(console="off", x_disable_stats=True),
         )

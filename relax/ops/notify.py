@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import traceback
 
+from relax.utils.redact import redact_text
+
 logger = logging.getLogger(__name__)
 
 KINDS = {"info": "info", "success": "success", "warning": "warning", "failure": "failure"}
@@ -54,8 +56,10 @@ class Notifier:
         }[KINDS[kind]]
         try:
             ok = bool(
-                self._apprise.notify(
-                    title=f"[relax {self.run_name}] {title}", body=body, notify_type=notify_type
+                self._apprise.notify(  # no credential leaves in a notification (relax/utils/redact.py)
+                    title=redact_text(f"[relax {self.run_name}] {title}"),
+                    body=redact_text(body),
+                    notify_type=notify_type,
                 )
             )
         except Exception:  # noqa: BLE001 - a notification must never end a training run

@@ -70,6 +70,11 @@ def with_startup_report(cls: type, role: str) -> type:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         try:
+            for arg in args:  # the role's config: its secrets are masked in this process's logs
+                if hasattr(arg, "run") and hasattr(arg, "model_dump"):
+                    from relax.config.schema import register_config_secrets
+
+                    register_config_secrets(arg)
             cls.__init__(self, *args, **kwargs)
         except BaseException as e:
             report_start_failure(role, e)

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from relax.config import RelaxConfig, dump_config
 from relax.config.modes import overlaps_push, resolve_auto
 from relax.config.paths import resolve_paths
+from relax.config.schema import register_config_secrets
 from relax.dataplane.plane import DataPlane, create_data_plane
 from relax.ops.heartbeat import close_board
 from relax.ops.notify import Notifier
@@ -34,6 +39,7 @@ from relax.orchestration.step_flow import POLL_S, StepFlow
 from relax.roles.metrics import MetricsRole
 from relax.utils.net import bind_address, resolve_bind
 from relax.utils.placement import ray_placement
+from relax.utils.redact import write_secret_file
 from relax.utils.timer import timer
 
 SUMMARY = ("rollout/reward_mean", "train/loss", "health/role_restarts", "health/engine_restarts")
@@ -56,6 +62,7 @@ class Controller:
         self.last_metrics: dict[str, float] = {}
         self._flushing = None  # the last step's metrics flush, awaited before the next one
         self._gpu_group = None  # colocate on GPUs: the placement group engines and ranks share
+        self._config_written = False
 
     # -- life cycle --------------------------------------------------------------------------
     def run(self) -> int:
@@ -81,7 +88,7 @@ class Controller:
             gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
             resolve_auto(self.cfg)
             r.bind = resolve_bind(r.bind)
-            dump_config(self.cfg, self.run_dir / "config.yaml")
+            self._run_token()
             notifier.run_started(found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.schedule.mode)
             self.health = HealthManager(self.cfg, notifier)
             step = run_with_restarts(
@@ -115,6 +122,9 @@ class Controller:
             self._start_roles(start_step if resume else None)
             if found:
                 self._restore(found[1])
+            if not self._config_written:  # a resume that failed to start leaves the run's record as it was
+                dump_config(self.cfg, self.run_dir / "config.yaml")
+                self._config_written = True
             self.flow.push_weights(start_step)  # engines start from the trainer's weights and version
             self.flow.start(start_step + 1)
             return self._loop(start_step)
@@ -309,6 +319,14 @@ class Controller:
         self.actor.load.remote(str(d / "actor")).result()
         self.rollout.load.remote(str(d / "rollout.json")).result()
         logger.info("resumed from %s", d)
+
+    def _run_token(self) -> None:
+        """The run's secret: RELAX_RUN_TOKEN, else a fresh one; every server the run starts requires it.
+        Operators find it in <run_dir>/secrets/run_token (readable by its owner only)."""
+        token = os.environ.get("RELAX_RUN_TOKEN") or secrets.token_urlsafe(32)
+        self.cfg.run.token = SecretStr(token)
+        register_config_secrets(self.cfg)
+        write_secret_file(self.run_dir / "secrets" / "run_token", token)
 
     # -- signals -----------------------------------------------------------------------------
     def _install_signal_handlers(self):

@@ -30,7 +30,8 @@ class PreflightError(RuntimeError):
 
 
 def check_local(cfg: RelaxConfig) -> None:
-    """Every path the config names is usable here (the driver), before Ray starts."""
+    """Every path the config names is usable here (the driver), and the data rows are well formed for
+    the rewards that score them, before Ray starts."""
     problems = [f"{p.key} = {p.path}: {why}" for p in config_paths(cfg) if (why := path_problem(p))]
     if problems:
         raise PreflightError(
@@ -38,6 +39,40 @@ def check_local(cfg: RelaxConfig) -> None:
             + "\n  - ".join(problems)
             + "\nFix the paths (relative ones are resolved against the folder `relax train` runs in)."
         )
+    check_data(cfg)
+
+
+def check_data(cfg: RelaxConfig) -> None:
+    """Every row of the training and eval files parses, selects (`metadata.<reward.per_row_key>`) only a
+    reward the config allows, and has a label where its reward compares with one. The error names the
+    file and line."""
+    from relax.data.dataset import DataError, load_prompt_files
+    from relax.rewards.registry import allowed_rewards, check_row_reward, resolve_reward
+
+    sets = [("data.train_files", cfg.data.train_files, cfg.reward)]
+    sets += [(f"eval.sets[{es.name}]", es.files, es.reward or cfg.reward) for es in cfg.eval.sets]
+    for key, files, reward in sets:
+        try:
+            rows = load_prompt_files(files, cfg.data)
+        except DataError as e:
+            raise PreflightError(f"{key}: {e}") from None
+        allowed = allowed_rewards(reward.name, reward.type_kwargs)
+        unlabelled: dict[str, list[str]] = {}
+        for row in rows:
+            chosen = row.metadata.get(reward.per_row_key) if reward.per_row_key else None
+            rm_type = str(chosen) if chosen else reward.name
+            try:
+                check_row_reward(rm_type, allowed, row.where)
+            except ValueError as e:
+                raise PreflightError(str(e)) from None
+            if row.label is None and resolve_reward(rm_type).needs_label:
+                unlabelled.setdefault(rm_type, []).append(row.where)
+        for rm_type, where in unlabelled.items():
+            raise PreflightError(
+                f"{key}: {len(where)} row(s) have no label ({cfg.data.label_key!r}) but their reward "
+                f"{rm_type!r} compares the response with it; the first is {where[0]}. Label the rows, point "
+                "data.label_key at the field that holds the answer, or choose a reward that needs none"
+            )
 
 
 def _probe_node(paths: list[ConfigPath], run_dir: str, token: str) -> dict[str, Any]:

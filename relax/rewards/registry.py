@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -67,6 +67,7 @@ class RewardSpec:
     kind: RewardKind = "sample"  # "sample": fn(sample, **kw) ; "group": fn(samples, **kw) -> list
     reward_key: str | None = None  # key of the reward in a dict result; None = RewardConfig.reward_key
     name: str = ""  # registered name or import path (for logs and metrics)
+    needs_label: bool = False  # compares the response with the row's label (a row without one is an error)
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -111,19 +112,19 @@ def as_spec(obj: Any, name: str = "") -> RewardSpec:
     return RewardSpec(obj, kind=mark.get("kind", "sample"), reward_key=mark.get("reward_key"), name=name)
 
 
-def _builtin(fn: Callable[..., Any], kind: RewardKind = "sample") -> RewardSpec:
-    return RewardSpec(fn, kind=kind, reward_key="reward")
+def _builtin(fn: Callable[..., Any], kind: RewardKind = "sample", needs_label: bool = False) -> RewardSpec:
+    return RewardSpec(fn, kind=kind, reward_key="reward", needs_label=needs_label)
 
 
 # The built-in rewards, by name. To add one: write it in a small module of this package, add it here.
 REWARDS: dict[str, RewardSpec] = {
-    "math": _builtin(math_reward),
-    "multiple_choice": _builtin(multiple_choice),
-    "exact_match": _builtin(exact_match),
-    "first_number": _builtin(first_number),
-    "f1": _builtin(f1),
+    "math": _builtin(math_reward, needs_label=True),
+    "multiple_choice": _builtin(multiple_choice, needs_label=True),
+    "exact_match": _builtin(exact_match, needs_label=True),
+    "first_number": _builtin(first_number, needs_label=True),
+    "f1": _builtin(f1, needs_label=True),
     "format_think_answer": _builtin(format_think_answer),
-    "dapo": _builtin(dapo),
+    "dapo": _builtin(dapo, needs_label=True),
     "remote": _builtin(remote),
     "token_rate": _builtin(token_rate),  # synthetic: share of token ids divisible by `modulus` (benchmarks)
     "genrm": _builtin(genrm, kind="group"),  # LLM judge; needs RewardConfig.genrm (the GenRM service)
@@ -162,6 +163,24 @@ def resolve_reward(name_or_path: str) -> RewardSpec:
     if not isinstance(obj, RewardSpec) and not callable(obj):
         raise ValueError(f"reward {name_or_path!r} is not callable: {obj!r}")
     return as_spec(obj, name=name_or_path)
+
+
+def allowed_rewards(default: str, named: Iterable[str]) -> set[str]:
+    """What a data row may select for itself (`metadata.rm_type`): the built-in rewards and the rewards the
+    config names (its default and the keys of `type_kwargs`). A row never chooses an import path the
+    config does not name: data must not choose code to run."""
+    return {*REWARDS, default, *named}
+
+
+def check_row_reward(rm_type: str, allowed: set[str], where: str) -> None:
+    """Raise `ValueError` naming the row (`where`) when it selects a reward outside `allowed`."""
+    if rm_type not in allowed:
+        configured = sorted(allowed - set(REWARDS))
+        raise ValueError(
+            f"{where}: metadata selects reward {rm_type!r}, which is neither built in ({', '.join(sorted(REWARDS))}) "
+            f"nor named in the config ({', '.join(configured)}); a row may only select those. Name it in "
+            f"reward.type_kwargs (e.g. reward.type_kwargs={{{rm_type!r}: {{}}}}) if the run should use it"
+        )
 
 
 def check_kwargs(spec: RewardSpec, kwargs: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from relax.data.sample import Sample
 from relax.rewards.config import RewardConfig
-from relax.rewards.registry import RewardSpec, resolve_reward
+from relax.rewards.registry import RewardSpec, allowed_rewards, check_row_reward, resolve_reward
 from relax.rewards.sync_batch import CallCost, run_batch
 
 logger = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ class RewardScorer:
     def __init__(self, cfg: RewardConfig) -> None:
         self.cfg = cfg
         self._specs: dict[str, RewardSpec] = {cfg.name: resolve_reward(cfg.name)}
+        self._allowed = allowed_rewards(cfg.name, cfg.type_kwargs)
         self._pool: ThreadPoolExecutor | None = None  # runs sync reward functions; built on first use
         self._sem: asyncio.Semaphore | None = None  # bounds calls in flight; one per event loop
         self._sem_loop: asyncio.AbstractEventLoop | None = None
@@ -156,8 +157,10 @@ class RewardScorer:
         return str(chosen) if chosen else self.cfg.name
 
     def spec(self, rm_type: str) -> RewardSpec:
-        """The resolved reward for ``rm_type`` (cached). An unknown name raises: it is a data error."""
+        """The resolved reward for ``rm_type`` (cached). An unknown name raises: it is a data error; so is
+        one the config does not allow (`allowed_rewards`)."""
         if rm_type not in self._specs:
+            check_row_reward(rm_type, self._allowed, "a row")
             self._specs[rm_type] = resolve_reward(rm_type)
         return self._specs[rm_type]
 

@@ -35,8 +35,10 @@ def samples(responses: list[str], label: str = "7", group_size: int = 1, **metad
     ]
 
 
-def scorer(name: str, **cfg: object) -> RewardScorer:
-    return RewardScorer(RewardConfig(name=name, **cfg))
+def scorer(name: str, *row_rewards: str, **cfg: object) -> RewardScorer:
+    """A scorer whose config names `row_rewards` too (rows may select only rewards the config names)."""
+    type_kwargs = {**{r: {} for r in row_rewards}, **cfg.pop("type_kwargs", {})}  # type: ignore[dict-item]
+    return RewardScorer(RewardConfig(name=name, type_kwargs=type_kwargs, **cfg))
 
 
 def test_builtin_first_number_on_the_toy_task() -> None:
@@ -124,8 +126,15 @@ def test_per_row_key_none_ignores_row_metadata() -> None:
 
 def test_unknown_row_reward_raises_listing_valid_names() -> None:
     batch = samples(["7"], rm_type="mathh")
-    with pytest.raises(ValueError, match="unknown reward 'mathh'.*first_number"):
+    with pytest.raises(ValueError, match="reward 'mathh', which is neither built in .*first_number"):
         scorer("first_number").score_sync(batch)
+
+
+def test_a_row_cannot_choose_code_the_config_does_not_name() -> None:
+    """`metadata.rm_type: builtins:print` (or `sys:exit`) is refused, not imported and called."""
+    for path in ("builtins:print", "sys:exit", f"{FNS}:length_reward"):
+        with pytest.raises(ValueError, match="nor named in the config"):
+            scorer("first_number").score_sync(samples(["7"], rm_type=path))
 
 
 def test_exceptions_fall_back_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -133,7 +142,9 @@ def test_exceptions_fall_back_are_counted_and_logged(caplog: pytest.LogCaptureFi
     batch[1].metadata["rm_type"] = f"{FNS}:raises"
     batch[2].metadata["rm_type"] = f"{FNS}:returns_nan"
     with caplog.at_level(logging.WARNING, logger="relax.rewards.scorer"):
-        stats = scorer("first_number", fallback_reward=-0.5).score_sync(batch)
+        stats = scorer(
+            "first_number", f"{FNS}:raises", f"{FNS}:returns_nan", fallback_reward=-0.5
+        ).score_sync(batch)
     assert [s.reward for s in batch] == [1.0, -0.5, -0.5]
     assert stats.failures == 2 and stats.timeouts == 0
     assert stats.as_metrics()["reward/failures"] == 2.0
@@ -156,7 +167,7 @@ def test_non_numeric_result_falls_back() -> None:
 def test_timeouts_fall_back_and_are_counted(fn: str, caplog: pytest.LogCaptureFixture) -> None:
     batch = samples(["7", "7"])
     batch[0].metadata["rm_type"] = f"{FNS}:{fn}"
-    s = scorer("first_number", timeout_s=0.1, fallback_reward=-1.0)
+    s = scorer("first_number", f"{FNS}:{fn}", timeout_s=0.1, fallback_reward=-1.0)
     start = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="relax.rewards.scorer"):
         stats = s.score_sync(batch)
