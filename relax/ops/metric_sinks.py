@@ -172,7 +172,7 @@ def build_sinks(cfg: RelaxConfig, resume_step: int | None) -> MetricsLogger:
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl", resume_step)]
     if ops.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tensorboard", resume_step))
-    config = cfg.model_dump(mode="json")
+    config = redact_tree(cfg.model_dump(mode="json"))  # what W&B and ClearML record of the run
     if ops.wandb is not None:
         w = ops.wandb
         sinks.append(WandbSink(run_dir, cfg.run.name, w.project, w.entity, w.mode, config))
