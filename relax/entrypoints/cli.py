@@ -20,13 +20,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 2
+    from relax.orchestration.checkpoint import CheckpointError
     from relax.orchestration.controller import Controller
     from relax.orchestration.preflight import PreflightError
     from relax.orchestration.service import RoleStartError, RunStopped
 
     try:
         step = Controller(cfg, resume=args.resume).run()
-    except (PreflightError, RoleStartError, FileExistsError) as e:
+    except (PreflightError, RoleStartError, CheckpointError, FileExistsError) as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 1
     except RunStopped as e:

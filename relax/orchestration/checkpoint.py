@@ -37,9 +37,40 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+def latest_checkpoint(run_dir: Path, log: bool = False) -> tuple[int, Path] | None:
+    """The newest complete checkpoint; with `log`, says which newer folders it skipped and why."""
     found = complete_checkpoints(run_dir)
+    if log:
+        newest = found[-1][0] if found else -1
+        root = checkpoint_root(run_dir)
+        for d in sorted(root.glob("step_*")) if root.is_dir() else []:
+            step = d.name.removeprefix("step_")
+            if step.isdigit() and int(step) > newest and not (d / MARKER).exists():
+                logger.warning(
+                    "checkpoint %s is skipped: it has no %s marker (a save that did not finish)", d, MARKER
+                )
     return found[-1] if found else None
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded (truncated, tampered with, from another model); names the
+    folder and what to do."""
+
+
+def load_failure(d: Path, error: BaseException, run_dir: Path) -> CheckpointError:
+    """The error for a checkpoint `d` that failed to load with `error`, naming the earlier complete ones."""
+    earlier = [
+        p for s, p in complete_checkpoints(run_dir) if p != d and s < int(d.name.removeprefix("step_"))
+    ]
+    hint = (
+        f"move {d} aside and resume from the previous complete checkpoint {earlier[-1]}"
+        if earlier
+        else "no earlier complete checkpoint exists: start the run again without --resume"
+    )
+    return CheckpointError(
+        f"checkpoint {d} cannot be loaded ({type(error).__name__}: {error}); its files may be truncated or "
+        f"tampered with. {hint}"
+    )
 
 
 def begin(run_dir: Path, step: int) -> Path:

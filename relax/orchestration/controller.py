@@ -68,7 +68,7 @@ class Controller:
     def run(self) -> int:
         """Train to `trainer.num_steps`; returns the last completed step."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        found = ckpt.latest_checkpoint(self.run_dir) if self.resume else None
+        found = ckpt.latest_checkpoint(self.run_dir, log=True) if self.resume else None
         if self.resume and found is None:
             logger.warning("--resume: no complete checkpoint in %s; starting from step 0", self.run_dir)
         if not self.resume and ckpt.latest_checkpoint(self.run_dir) is not None:
@@ -316,8 +316,11 @@ class Controller:
         logger.info("checkpoint step %d saved to %s (%.1fs)", step, d, time.perf_counter() - t0)
 
     def _restore(self, d: Path) -> None:
-        self.actor.load.remote(str(d / "actor")).result()
-        self.rollout.load.remote(str(d / "rollout.json")).result()
+        try:
+            self.actor.load.remote(str(d / "actor")).result()
+            self.rollout.load.remote(str(d / "rollout.json")).result()
+        except Exception as e:  # a broken checkpoint is not a role's failure: no global restart helps
+            raise ckpt.load_failure(d, e, self.run_dir) from e
         logger.info("resumed from %s", d)
 
     def _run_token(self) -> None:

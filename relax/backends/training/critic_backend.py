@@ -9,6 +9,7 @@ actors, sharded like the policy (`rank_group.GroupCritic`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from relax.data.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "critic_state.pt"
+STATE_FILE = "critic_state.json"
 
 
 def with_old_values(batch: TrainBatch, old_values: list[torch.Tensor]) -> TrainBatch:
@@ -54,7 +55,7 @@ class TorchCritic:
 
     def save(self, path: Path) -> None:
         self.critic.save(Path(path))
-        torch.save({"scheduler": self.scheduler.state_dict()}, Path(path) / STATE_FILE)
+        (Path(path) / STATE_FILE).write_text(json.dumps({"scheduler": self.scheduler.state_dict()}))
 
     def load(self, path: Path) -> None:
         self.critic.load(Path(path))

@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 # Ray leaves CUDA_VISIBLE_DEVICES alone in an actor started with this variable set to 1
 NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.json"
 CRITIC_DIR = "critic"  # the critic's checkpoint folder inside the policy's
 
 

@@ -22,7 +22,7 @@ from relax.data.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.json"
 
 
 class TorchTrainer:

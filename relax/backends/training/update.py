@@ -314,16 +314,27 @@ def gather_rows(n: int, parts: list[tuple[list[int], tuple[list[int], list[Tenso
 
 
 def write_trainer_state(path: Path, step: int, scheduler: Any, state_file: str, **meta: Any) -> None:
-    """The step and scheduler beside a DCP checkpoint (`state_file`), and `trainer.json` for people."""
-    torch.save({"step": step, "scheduler": scheduler.state_dict()}, Path(path) / state_file)
+    """The step and scheduler beside a DCP checkpoint, as JSON (`state_file`: a checkpoint's state is data
+    that loading cannot turn into code), and `trainer.json` for people."""
+    state = {"step": step, "scheduler": scheduler.state_dict()}
+    (Path(path) / state_file).write_text(json.dumps(state))
     (Path(path) / "trainer.json").write_text(json.dumps({"step": step, **meta}))
 
 
 def read_trainer_state(path: Path, scheduler: Any, state_file: str) -> int:
-    """Restore the scheduler written by `write_trainer_state`; returns the step (0 if none was written)."""
-    extra = torch.load(Path(path) / state_file, weights_only=False)
-    scheduler.load_state_dict(extra["scheduler"])
-    return int(extra.get("step", 0))
+    """Restore the scheduler written by `write_trainer_state`; returns the step. A checkpoint of an earlier
+    release (`*.pt`) is read with torch's weights-only loader, which refuses anything but tensors and
+    plain containers."""
+    file = Path(path) / state_file
+    try:
+        if file.exists():
+            extra = json.loads(file.read_text())
+        else:
+            extra = torch.load(file.with_suffix(".pt"), weights_only=True)
+        scheduler.load_state_dict(extra["scheduler"])
+        return int(extra.get("step", 0))
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
+        raise RuntimeError(f"trainer state {file} cannot be read ({type(e).__name__}: {e})") from e
 
 
 def merge_partials(per_rank: list[list[dict[str, Any]]], prefix: str = "train") -> dict[str, float]:
