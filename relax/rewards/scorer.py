@@ -100,10 +100,26 @@ class RewardStats:
         return metrics
 
 
+class RewardExited(RuntimeError):
+    """A reward function called `sys.exit` (or raised SystemExit): that call failed, nothing else."""
+
+
 def _timed(fn: Any, arg: Any, kwargs: dict[str, Any]) -> tuple[Any, float]:
-    """``fn(arg, **kwargs)`` and how long it took (in the worker thread, so the hop is not counted)."""
+    """``fn(arg, **kwargs)`` and how long it took (in the worker thread, so the hop is not counted). A
+    SystemExit becomes `RewardExited` here: raised through asyncio, SystemExit would stop the rollout's
+    event loop itself."""
     start = time.perf_counter()
-    return fn(arg, **kwargs), time.perf_counter() - start
+    try:
+        return fn(arg, **kwargs), time.perf_counter() - start
+    except SystemExit as e:
+        raise RewardExited(f"the reward function called sys.exit({e.code!r})") from None
+
+
+async def _awaited(fn: Any, arg: Any, kwargs: dict[str, Any]) -> Any:
+    try:
+        return await fn(arg, **kwargs)
+    except SystemExit as e:  # see `_timed`
+        raise RewardExited(f"the reward function called sys.exit({e.code!r})") from None
 
 
 def _to_reward(result: Any, reward_key: str) -> tuple[float, dict[str, float]]:
@@ -215,7 +231,7 @@ class RewardScorer:
                 raise  # a missing package is a setup error, not a bad sample
             except asyncio.TimeoutError:
                 scored = self._timed_out(rm_type, batch, refs, stats)
-            except Exception as e:
+            except Exception as e:  # a reward calling sys.exit (RewardExited) costs its samples, not the run
                 scored = self._failed(rm_type, batch, refs, e, stats)
             finally:
                 stats.add_call(time.perf_counter() - start)
@@ -246,7 +262,7 @@ class RewardScorer:
                 if not ok:
                     raise value
                 scored.append(_to_reward(value, reward_key))
-            except Exception as e:
+            except (Exception, SystemExit) as e:  # SystemExit: held by the batch thread, raised here
                 scored += self._failed(rm_type, [sample], refs, e, stats)
         self._assign(batch, scored, stats)
 
@@ -262,7 +278,7 @@ class RewardScorer:
         return [(self.cfg.fallback_reward, {}) for _ in batch]
 
     def _failed(
-        self, rm_type: str, batch: list[Sample], refs: list[str], e: Exception, stats: RewardStats
+        self, rm_type: str, batch: list[Sample], refs: list[str], e: BaseException, stats: RewardStats
     ) -> list[tuple[float, dict[str, float]]]:
         stats.failures += len(batch)
         stats.failed += refs
@@ -290,7 +306,7 @@ class RewardScorer:
         self, rm_type: str, spec: RewardSpec, arg: Sample | list[Sample], kwargs: dict[str, Any]
     ) -> Any:
         if spec.is_async:
-            return await spec.fn(arg, **kwargs)
+            return await _awaited(spec.fn, arg, kwargs)
         loop = asyncio.get_running_loop()
         result, seconds = await loop.run_in_executor(self._executor(), _timed, spec.fn, arg, kwargs)
         if spec.kind == "sample":

@@ -44,7 +44,7 @@ class SyncBatch:
                 self._started = start = time.monotonic()
             try:
                 outcome: tuple[bool, Any] = (True, self.fn(sample, **self.kwargs))
-            except Exception as e:  # noqa: BLE001 - the scorer decides: fallback, or a setup error
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - the scorer decides: fallback, or a setup error
                 outcome = (False, e)
             with self._lock:
                 if self._abandoned:

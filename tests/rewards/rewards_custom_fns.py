@@ -126,3 +126,16 @@ def cheap_rule(sample: Sample) -> float:
 
 
 not_callable = 42
+
+
+def exits(sample: Sample) -> float:
+    """A reward that ends the process the way a careless script does."""
+    import sys
+
+    sys.exit(3)
+
+
+async def exits_async(sample: Sample) -> float:
+    import sys
+
+    sys.exit(4)

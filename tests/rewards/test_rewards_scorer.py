@@ -273,3 +273,14 @@ def test_stats_merge() -> None:
     assert m["reward/latency_mean_s"] == pytest.approx(1.0) and m["reward/latency_max_s"] == 2.0
     assert m["reward/count/math"] == 3 and m["reward/count/f1"] == 0
     assert RewardStats().as_metrics()["reward/latency_mean_s"] == 0.0
+
+
+@pytest.mark.parametrize("fn", ["exits", "exits_async"])
+def test_a_reward_that_calls_sys_exit_costs_its_sample_not_the_run(fn: str) -> None:
+    batch = samples(["7", "7", "7"])
+    batch[1].metadata["rm_type"] = f"{FNS}:{fn}"
+    s = scorer("first_number", f"{FNS}:{fn}", fallback_reward=-1.0)
+    for _ in range(2):  # the first calls are timed one by one, later ones batched as cheap calls
+        stats = s.score_sync(batch)
+        assert [x.reward for x in batch] == [1.0, -1.0, 1.0] and stats.failures == 1
+    s.close()
