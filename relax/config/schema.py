@@ -521,6 +521,18 @@ class OpsConfig(Section):
         ge=0,
         description="In-place restarts of one stateless role before a global restart is taken instead.",
     )
+    step_timeout_s: float | None = Field(
+        3600.0,
+        gt=0,
+        description="A step (rollout, update, weight push, eval) running longer fails the run, naming the role "
+        "and phase that stalled (relax/orchestration/watchdog.py); None = no limit.",
+    )
+    stop_grace_s: float = Field(
+        60.0,
+        gt=0,
+        description="After SIGTERM/Ctrl-C the step in flight may finish (and be checkpointed) for this long; "
+        "then the run stops without it. A second signal stops at once.",
+    )
     max_global_restarts: int = Field(
         2, ge=0, description="Global restarts from the last checkpoint (Actor failure) before the run stops."
     )

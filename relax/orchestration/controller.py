@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,12 +37,14 @@ from relax.orchestration.progress import Progress
 from relax.orchestration.recovery import run_with_restarts
 from relax.orchestration.registry import RoleSpec, roles_for
 from relax.orchestration.step_flow import POLL_S, StepFlow
+from relax.orchestration.watchdog import Watchdog
 from relax.roles.metrics import MetricsRole
 from relax.utils.net import bind_address, resolve_bind
 from relax.utils.placement import ray_placement
 from relax.utils.redact import write_secret_file
 from relax.utils.timer import timer
 
+HARD_EXIT_S = 60.0  # after a second stop signal, the most the clean-up may take
 SUMMARY = ("rollout/reward_mean", "train/loss", "health/role_restarts", "health/engine_restarts")
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,8 @@ class Controller:
         self._flushing = None  # the last step's metrics flush, awaited before the next one
         self._gpu_group = None  # colocate on GPUs: the placement group engines and ranks share
         self._config_written = False
+        self._stop_asked_at: float | None = None  # when the first stop signal came (monotonic)
+        self.watchdog = Watchdog(cfg.ops.step_timeout_s, cfg.ops.stop_grace_s, lambda: self._stop_asked_at)
 
     # -- life cycle --------------------------------------------------------------------------
     def run(self) -> int:
@@ -169,6 +174,8 @@ class Controller:
         self.flow = StepFlow(self.cfg.schedule.mode, self.handles, self.health)
         self.flow.redeploy = self._redeploy
         self.flow.overlap = overlaps_push(self.cfg)
+        self.flow.watch = self.watchdog.check
+        self.flow.weights.wait = self.watchdog.wait
         self.flow.group.reform(self.rollout.engine_urls.remote().result())
 
     def _role(self, name: str, **override) -> service.RoleDeployment:
@@ -232,13 +239,15 @@ class Controller:
                 # restarts failed stateless roles; a lost Actor ends the attempt. The last step's
                 # post-train checks (read during its push) count when they are recent.
                 self.flow.check(max_age_s=POLL_S)
+                self.watchdog.begin_step(step + 1)
                 phases = StepPhases()
                 with phases.phase("step_time"):
                     # streaming modes: the step was started ahead, in the background, gated by
                     # staleness; the Actor waits for its rows itself, and its metrics come with the push
                     if not self.flow.streaming:
                         with phases.phase("rollout"):
-                            rollout_metrics = self.rollout.generate.remote(step + 1).result()
+                            generated = self.rollout.generate.remote(step + 1)
+                            rollout_metrics = self.watchdog.wait(generated, "rollout", "the rollout")
                     with phases.phase("train"):
                         train_metrics = self.flow.train(step + 1)
                     # first: the push is on fully_async's critical chain
@@ -301,7 +310,7 @@ class Controller:
             self.flow.settle()  # the engines resumed after the last push
         times: dict[str, float] = {}
         with timer("eval", times):
-            metrics = self.rollout.evaluate.remote(step).result()
+            metrics = self.watchdog.wait(self.rollout.evaluate.remote(step), "rollout", "the evaluation")
         return {**metrics, **times}
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -334,12 +343,19 @@ class Controller:
     # -- signals -----------------------------------------------------------------------------
     def _install_signal_handlers(self):
         def handler(signum, frame):
-            if self.stop_requested:
+            if self.stop_requested:  # the second signal: stop now; if clean-up hangs, exit anyway
+                logger.warning("%s again: stopping now", signal.Signals(signum).name)
+                hard_exit = threading.Timer(HARD_EXIT_S, os._exit, args=(130,))
+                hard_exit.daemon = True
+                hard_exit.start()
                 raise KeyboardInterrupt
             self.stop_requested = True
+            self._stop_asked_at = time.monotonic()
             logger.warning(
-                "%s: finishing the current step, then saving a checkpoint (press Ctrl-C again to abort)",
+                "%s: finishing the current step (at most ops.stop_grace_s=%gs), then saving a checkpoint "
+                "(press Ctrl-C again to stop at once)",
                 signal.Signals(signum).name,
+                self.cfg.ops.stop_grace_s,
             )
 
         return signal.signal(signal.SIGINT, handler), signal.signal(signal.SIGTERM, handler)

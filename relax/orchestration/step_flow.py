@@ -47,6 +47,8 @@ class StepFlow:
         self.weights.after_prepare = self._read_after_train
         self.weights.dead_receiver = self._restart_dead_receivers
         self.weights.pushed = self._pushed
+        # deadlines while the driver waits (the Controller's watchdog); nothing in unit tests
+        self.watch: Callable[[str, str], None] = lambda role, phase: None
         self._trained: int | None = None  # the step whose update ended since the last push began
         self._after: Callable[[], None] | None = None  # the post-train checks, asked not read
         self._checked_at = -math.inf  # when the background roles were last checked (monotonic)
@@ -134,6 +136,7 @@ class StepFlow:
                 break
             except TimeoutError:
                 self.check()
+                self.watch("actor", "the update")
         self._trained = step
         return metrics
 

@@ -82,6 +82,8 @@ class WeightPush:
         self.after_prepare: Callable[[], None] = lambda: None  # the post-train checks, read mid-push
         self.dead_receiver: Callable[[], bool] = lambda: False  # restarts a dead receiver's role
         self.pushed: Callable[[int], None] = lambda step: None  # the push reached every receiver
+        # how a response is waited for (the Controller's watchdog: deadlines while waiting)
+        self.wait: Callable[[Any, str, str], Any] = lambda response, role, phase: response.result()
         self._preparing: Any = None  # the Rollout's `prepare_weight_update`, sent by `begin`
         self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push
         self._pushing = 0  # the trained step whose weights the push in progress sends
@@ -106,7 +108,7 @@ class WeightPush:
             try:  # the trained step's checks were asked when it ended; they answer during the prepare
                 self.after_prepare()
             finally:
-                prep = preparing.result()
+                prep = self.wait(preparing, "rollout", "stopping generation for the weight push")
             self.rollout_metrics = prep.get("metrics", {})
             plan = self._apply_elastic_plan(prep["plan"])
             if plan is None:
@@ -124,12 +126,12 @@ class WeightPush:
         """Wait for the last push's `finish_weight_update` (generation resumed, step counted consumed)."""
         finishing, self._finishing = self._finishing, None
         if finishing is not None:
-            finishing.result()
+            self.wait(finishing, "rollout", "resuming generation after the weight push")
 
     def _actor_push(self) -> int:
         if self.overlap:  # the update after it may be running: the copy kept for the trained step
-            return self.actor.push_weights.remote(self._pushing).result()
-        return self.actor.push_weights.remote().result()
+            return self.wait(self.actor.push_weights.remote(self._pushing), "actor", "the weight push")
+        return self.wait(self.actor.push_weights.remote(), "actor", "the weight push")
 
     def _apply_elastic_plan(self, plan: list[str] | None) -> list[str] | None:
         """Elastic scaling: engines join or leave here, where the trainer is idle; a group that cannot be

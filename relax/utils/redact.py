@@ -20,9 +20,21 @@ import threading
 from typing import Any
 
 MASK = "***"
+# A key is secret-named when one of its words (split at `_`, `-`, `.` and camelCase) is a credential word:
+# `token`, `hf_token`, `apiKey` and `Authorization` are; `max_new_tokens` and `tokenizer_path` are not.
 SECRET_KEY = re.compile(
-    r"(token|secret|passw|authoriz|api[_-]?key|apikey|credential|cookie|private[_-]?key)", re.I
+    r"(?:^|[_.-])(?:token|secret|secrets|passw\w*|passphrase|authorization|api[_-]?key|apikey|"
+    r"credentials?|cookies?|private[_-]?key|access[_-]?key)(?:$|[_.-])",
+    re.I,
 )
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def secret_key(key: Any) -> bool:
+    """Whether a mapping key names a credential (its value is masked in dumps)."""
+    return bool(SECRET_KEY.search(_CAMEL.sub("_", str(key))))
+
+
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
 _QUERY = re.compile(
     r"(?P<key>[?&;](?:[a-z_]*(?:token|secret|passw|key|auth|sig|signature|credential)[a-z_]*))=(?P<value>[^&\s#'\"]+)",
@@ -55,9 +67,7 @@ def redact_text(text: str) -> str:
 def secret_values(obj: Any, secret: bool = False) -> list[str]:
     """The strings under secret-named keys of a config dump (to `register_secret` them)."""
     if isinstance(obj, dict):
-        return [
-            v for k, x in obj.items() for v in secret_values(x, secret or bool(SECRET_KEY.search(str(k))))
-        ]
+        return [v for k, x in obj.items() for v in secret_values(x, secret or secret_key(k))]
     if isinstance(obj, (list, tuple)):
         return [v for x in obj for v in secret_values(x, secret)]
     return [obj] if secret and isinstance(obj, str) else []
@@ -66,11 +76,11 @@ def secret_values(obj: Any, secret: bool = False) -> list[str]:
 def redact_tree(obj: Any, secret: bool = False) -> Any:
     """A copy of a config dump with secret-named keys' values masked and strings redacted."""
     if isinstance(obj, dict):
-        return {k: redact_tree(v, secret or bool(SECRET_KEY.search(str(k)))) for k, v in obj.items()}
+        return {k: redact_tree(v, secret or secret_key(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [redact_tree(v, secret) for v in obj]
-    if secret and obj not in (None, "", {}, []):
-        return MASK if not isinstance(obj, bool) else obj
+    if secret and isinstance(obj, str) and obj:  # credentials are strings; a count or a flag is not one
+        return MASK
     return redact_text(obj) if isinstance(obj, str) else obj
 
 

@@ -124,3 +124,67 @@ def test_ctrl_c_then_resume(tiny_model_dir, arith_file, tmp_path):
         assert proc.wait(timeout=600) == 0, (tmp_path / "log2.txt").read_text()[-3000:]
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(1, step + 3))
+
+
+def test_sigterm_during_a_stuck_step_stops_after_the_grace(tiny_model_dir, arith_file, tmp_path):
+    """The Actor hangs in its update (a 10-minute sleep); one SIGTERM stops the run once
+    ops.stop_grace_s is over, with nothing left running."""
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("{}\n")
+    args = [
+        str(cfg_file),
+        f"model.path={tiny_model_dir}",
+        f"data.train_files=[{arith_file}]",
+        f"run.output_dir={tmp_path}",
+        "run.name=stuck",
+        "ops.progress=false",
+        "ops.stop_grace_s=5",
+        "schedule.debug_train_delay_s=600",
+    ]
+    log_file = tmp_path / "log.txt"
+    with open(log_file, "w") as log:
+        proc = _train(args, log)
+        deadline = time.monotonic() + 240
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and "roles metrics, rollout, actor are up" not in log_file.read_text()
+        ):
+            time.sleep(0.2)
+        time.sleep(5)  # into step 1's update
+        assert proc.poll() is None, log_file.read_text()[-3000:]
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130, log_file.read_text()[-3000:]
+    assert time.monotonic() - signalled < 90
+    assert "did not finish the update of step 1 within ops.stop_grace_s=5s" in log_file.read_text()
+    deadline = time.monotonic() + 30
+    while _run_pids() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not _run_pids(), "processes of the run left behind after SIGTERM"
+
+
+def test_a_stalled_step_fails_the_run_naming_role_and_phase(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path
+):
+    from relax.config import load_config
+    from relax.orchestration.controller import Controller
+    from relax.orchestration.watchdog import StepStalled
+
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files=[{arith_file}]",
+            f"run.output_dir={tmp_path}",
+            "run.name=stall",
+            "ops.progress=false",
+            "ops.step_timeout_s=8",
+            "ops.max_global_restarts=0",
+            "schedule.debug_train_delay_s=600",
+        ],
+    )
+    t0 = time.monotonic()
+    with pytest.raises(StepStalled, match="step 1 stalled: actor did not finish the update within"):
+        Controller(cfg).run()
+    assert time.monotonic() - t0 < 120

@@ -1,0 +1,66 @@
+"""A step that stops making progress becomes a clear failure, never a silent stall; a stop request ends
+the run even when the step in flight never finishes.
+
+Every wait of the driver on a role goes through `Watchdog.wait(response, role, phase)`: it waits in
+short slices and between them checks two deadlines:
+
+* `ops.step_timeout_s`: a step (rollout, update, weight push, evaluation) running longer than this fails
+  the run with `StepStalled`, which names the role and the phase that did not answer;
+* `ops.stop_grace_s`: after a stop request (SIGTERM, Ctrl-C) the step in flight may finish for this long
+  (its checkpoint is then saved); past it the run stops with `RunStopped` without the checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from relax.orchestration.service import RunStopped
+
+SLICE_S = 1.0  # how often a wait looks at the deadlines
+
+
+class StepStalled(RuntimeError):
+    """A role made no progress on a step for `ops.step_timeout_s`."""
+
+    def __init__(self, role: str, phase: str, step: int, waited_s: float) -> None:
+        super().__init__(
+            f"step {step} stalled: {role} did not finish {phase} within {waited_s:.0f}s (ops.step_timeout_s); "
+            f"look at {role}'s log for a hang (a reward, an engine, a data-plane wait), or raise ops.step_timeout_s "
+            "if steps are this long"
+        )
+        self.role, self.phase, self.step = role, phase, step
+
+
+class Watchdog:
+    def __init__(
+        self, step_timeout_s: float | None, stop_grace_s: float, stop_asked: Callable[[], float | None]
+    ):
+        """`stop_asked()`: when a stop was requested (monotonic seconds), or None."""
+        self.step_timeout_s, self.stop_grace_s, self.stop_asked = step_timeout_s, stop_grace_s, stop_asked
+        self.step = 0
+        self._step_started = time.monotonic()
+
+    def begin_step(self, step: int) -> None:
+        self.step, self._step_started = step, time.monotonic()
+
+    def check(self, role: str, phase: str) -> None:
+        """Raise if the step ran out of time or a stop request's grace is over."""
+        now = time.monotonic()
+        if self.step_timeout_s is not None and now - self._step_started > self.step_timeout_s:
+            raise StepStalled(role, phase, self.step, now - self._step_started)
+        asked = self.stop_asked()
+        if asked is not None and now - asked > self.stop_grace_s:
+            raise RunStopped(
+                f"stop requested; {role} did not finish {phase} of step {self.step} within "
+                f"ops.stop_grace_s={self.stop_grace_s:g}s, so the run stops without saving it"
+            )
+
+    def wait(self, response: Any, role: str, phase: str) -> Any:
+        """`response.result()` (a Serve response), checking the deadlines while it is not there."""
+        while True:
+            try:
+                return response.result(timeout_s=SLICE_S)
+            except TimeoutError:
+                self.check(role, phase)
