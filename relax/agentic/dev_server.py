@@ -43,7 +43,11 @@ class AgentDevServer:
         model_name: str | None = None,
         defaults: dict[str, Any] | None = None,
         max_tokens: int = 1024,
+        api_key: str | None = None,
+        engine_api_key: str | None = None,
     ) -> None:
+        """`api_key`: the token the endpoint asks its clients for (None: none); `engine_api_key`: the
+        token the engines ask for."""
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -55,11 +59,11 @@ class AgentDevServer:
         self.max_tokens = max_tokens
         eos = {self.formatter.eos_id, self.tokenizer.eos_token_id} - {None}
         self.stop_token_ids = sorted(int(t) for t in eos)
-        self.router = Router(self.engine_urls, timeout_s=600)
+        self.router = Router(self.engine_urls, timeout_s=600, api_key=engine_api_key)
         self.inflight = InflightRequests(self.router)
         self.server = OpenAIServer(
             model_name or Path(model_path).name, host=host, port=port, new_session=self._new_session,
-            default_session="default",
+            default_session="default", api_key=api_key,
         )  # fmt: skip
         self.server.app.add_api_route("/s/{session_id}/trajectories", self._trajectories, methods=["GET"])
         self.server.app.add_api_route("/sessions", self._sessions, methods=["GET"])

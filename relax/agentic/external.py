@@ -4,7 +4,8 @@ its calls are rebuilt into the sample's trajectory (`relax.agentic.trajectory`) 
 The program gets, in its environment:
 
 * `RELAX_BASE_URL` (also `OPENAI_BASE_URL`): the session's base URL for any OpenAI client;
-* `RELAX_SESSION_ID`: the session id; `OPENAI_API_KEY` is set to a placeholder;
+* `RELAX_SESSION_ID`: the session id; `OPENAI_API_KEY` (also `RELAX_API_KEY`): a token that opens this
+  session alone (the run's own token never reaches the program);
 * `RELAX_SAMPLE_FILE`: a JSON file with the sample's `prompt`, `label`, `metadata` and `index`.
 
 `{base_url}`, `{session_id}` and `{sample_file}` in the command's arguments are filled in too. What the
@@ -35,6 +36,7 @@ from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow
 from relax.data.sample import Sample, SampleStatus
 from relax.rollout.partial_rollout import InflightRequests
+from relax.utils.auth import TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +110,13 @@ class ExternalAgentRollout:
             base_url = self.server.base_url(sid)
             fill = {"base_url": base_url, "session_id": sid, "sample_file": str(sample_file)}
             args = [a.format(**fill) for a in self.agent.command]
+            token = self.server.issue_token(sid)
             env = {
-                **os.environ,
+                **{k: v for k, v in os.environ.items() if k != TOKEN_ENV},  # never the run's own token
                 "RELAX_BASE_URL": base_url,
                 "OPENAI_BASE_URL": base_url,
-                "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "relax"),
+                "OPENAI_API_KEY": token,
+                "RELAX_API_KEY": token,
                 "RELAX_SESSION_ID": sid,
                 "RELAX_SAMPLE_FILE": str(sample_file),
             }

@@ -8,6 +8,12 @@ session (`ChatSession`), addressed by the base URL `http://HOST:PORT/s/<session_
 `X-Relax-Session` on `/v1/...`. With `new_session` given, an unknown session id opens a session (the
 standalone development mode); otherwise it is a 404. `dependencies` (FastAPI `Depends(...)`) guard every
 route.
+
+Authentication (relax/utils/auth.py): every route asks for a bearer token, the run's (`api_key`, by
+default the process's run token) or the token of the session the request addresses (`issue_token`):
+an external agent is given only its own session's token, so it can neither reach another session nor
+any other server of the run. With neither an `api_key` nor issued tokens, nothing is checked (a local
+`relax agent serve` without `--api-key`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,6 +35,8 @@ from relax.agentic.session import ChatSession
 from relax.engine_api.openai.backend import ChatPrompt
 from relax.engine_api.openai.errors import OpenAIError, openai_error
 from relax.engine_api.openai.routes import openai_router
+from relax.utils.auth import guard, process_token
+from relax.utils.redact import register_secret
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +83,7 @@ class OpenAIServer:
         new_session: Callable[[str], ChatSession] | None = None,
         default_session: str | None = None,
         dependencies: Sequence[Any] = (),
+        api_key: str | None = None,
     ) -> None:
         """`new_session(id)`: open a session for an unknown id (else a 404); `default_session`: the id of a
         request that names none (plain `/v1/...`), else such a request only lists the model."""
@@ -82,7 +92,8 @@ class OpenAIServer:
         self.new_session = new_session
         self.default_session = default_session
         self.sessions: dict[str, ChatSession] = {}
-        self.app = self._build_app(list(dependencies))
+        self.session_tokens: dict[str, str] = {}  # session id -> the token its agent was given
+        self.app = guard(self._build_app(list(dependencies)), api_key or process_token(), self._session_token)
         self._server: _Server | None = None
         self._task: Any = None
         self._starting: Any = None  # asyncio.Lock, made on the loop that starts the server
@@ -100,7 +111,25 @@ class OpenAIServer:
         self.sessions[session.session_id] = session
 
     def close_session(self, session_id: str) -> ChatSession | None:
+        self.session_tokens.pop(session_id, None)
         return self.sessions.pop(session_id, None)
+
+    def issue_token(self, session_id: str) -> str:
+        """A fresh bearer token that opens session `session_id` alone (until it is closed)."""
+        token = self.session_tokens[session_id] = secrets.token_urlsafe(24)
+        register_secret(token)
+        return token
+
+    def _session_token(self, scope: dict[str, Any]) -> list[str]:
+        path = scope.get("path", "")
+        sid = path.split("/", 3)[2] if path.startswith("/s/") and path.count("/") >= 2 else ""
+        if not sid:
+            sid = next(
+                (v.decode("latin-1") for k, v in scope.get("headers") or [] if k == SESSION_HEADER.encode()),
+                "",
+            )
+        token = self.session_tokens.get(sid or self.default_session or "")
+        return [token] if token else []
 
     async def start(self, timeout_s: float = 30.0) -> str:
         """Serve on the running event loop (port 0: a free one); returns the URL."""

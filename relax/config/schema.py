@@ -113,8 +113,8 @@ class AgentConfig(Section):
     )
     command: list[str] = Field(
         default_factory=list,
-        description="external: the agent program and its arguments; it gets RELAX_BASE_URL, RELAX_SESSION_ID "
-        "and RELAX_SAMPLE_FILE in its environment (and `{base_url}`/`{session_id}` in arguments are filled).",
+        description="external: the agent program and its arguments; it gets RELAX_BASE_URL, RELAX_SESSION_ID, "
+        "RELAX_SAMPLE_FILE and OPENAI_API_KEY (its session's token) in its environment (and `{base_url}`/`{session_id}` in arguments are filled).",
     )
     agent_timeout_s: float = Field(
         300.0, gt=0, description="external: the agent process is killed after this."

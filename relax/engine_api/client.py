@@ -21,6 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from relax.utils.auth import auth_headers
+
 logger = logging.getLogger(__name__)
 
 
@@ -107,8 +109,11 @@ class EngineClient:
         timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
         max_connections: int = 1024,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the engine's bearer token; None = this process's run token (relax/utils/auth.py)."""
         self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -126,6 +131,7 @@ class EngineClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
                 timeout=self._timeout(self.timeout_s),
+                headers=auth_headers(self.api_key),
             )
             self._loop = loop
         return self._session

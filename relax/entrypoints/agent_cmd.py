@@ -18,6 +18,8 @@ import signal
 import sys
 from typing import Any
 
+from relax.entrypoints.engine_cmd import add_auth_arguments
+
 logger = logging.getLogger(__name__)
 
 
@@ -49,25 +51,35 @@ def add_agent_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--max-tokens", type=int, default=1024, help="Cap on one call's output tokens.")
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--device", default=None, help="Embedded engine: cpu, cuda or cuda:N.")
+    serve.add_argument(
+        "--engine-api-key", default=None, help="Bearer token of the --engine-url engines (default: none)."
+    )
+    add_auth_arguments(serve)
     serve.set_defaults(func=serve_command)
     return agent
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from relax.agentic.dev_server import AgentDevServer
+    import secrets
 
+    from relax.agentic.dev_server import AgentDevServer
+    from relax.utils.auth import server_key
+
+    api_key = server_key(args.api_key, args.host, args.insecure_no_auth, "relax agent serve")
     engine = None
-    urls = list(args.engine_url)
-    if not urls:
+    urls, engine_key = list(args.engine_url), args.engine_api_key
+    if not urls:  # an engine of its own on loopback, behind a key only this process knows
         from relax.backends.inference.embedded.server import EngineServer
 
-        engine = EngineServer(args.model, port=0, dtype=args.dtype, device=args.device)
+        engine_key = secrets.token_urlsafe(24)
+        engine = EngineServer(args.model, port=0, dtype=args.dtype, device=args.device, api_key=engine_key)
         engine.start()
         urls = [engine.url]
     try:
         dev = AgentDevServer(
             args.model, urls, args.out, host=args.host, port=args.port, model_name=args.model_name,
             defaults={"temperature": args.temperature, "top_p": args.top_p}, max_tokens=args.max_tokens,
+            api_key=api_key, engine_api_key=engine_key,
         )  # fmt: skip
         asyncio.run(_serve(dev))
     finally:

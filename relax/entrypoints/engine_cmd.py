@@ -3,6 +3,9 @@ SIGINT or SIGTERM, then end in-flight requests (finish reason abort) and exit 0.
 
     relax engine serve --model DIR --host 127.0.0.1 --port 30000 [--dtype bfloat16] [--max-running 64]
 
+Every route but `/health` asks for `Authorization: Bearer KEY` when a key is given (`--api-key` or
+`RELAX_API_KEY`); a non-loopback `--host` without one is refused unless `--insecure-no-auth`.
+
 The main CLI calls `add_engine_parser(subparsers)`; the chosen command is `args.func(args) -> int`.
 `python -m relax.entrypoints.engine_cmd serve ...` works without the main CLI.
 """
@@ -17,6 +20,21 @@ import threading
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--api-key` and `--insecure-no-auth` of the standalone servers (relax/utils/auth.py `server_key`)."""
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="Bearer token every route but /health requires (default: $RELAX_API_KEY; prefer the variable, "
+        "a command line is visible to other users of the machine). Needed for a non-loopback --host.",
+    )
+    parser.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="Allow a non-loopback --host without an API key (every client that reaches it is trusted).",
+    )
 
 
 def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,12 +55,14 @@ def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU).")
     serve.add_argument("--seed", type=int, default=None, help="Seed of requests without a sampling_seed.")
     serve.add_argument("--weight-version", default="0", help="Weight version reported until an update.")
+    add_auth_arguments(serve)
     serve.set_defaults(func=serve_command)
     return engine
 
 
 def serve_command(args: argparse.Namespace) -> int:
     from relax.backends.inference.embedded.server import EngineServer
+    from relax.utils.auth import server_key
     from relax.utils.gc_freeze import freeze_startup_objects
 
     stop = threading.Event()
@@ -51,11 +71,13 @@ def serve_command(args: argparse.Namespace) -> int:
         logger.info("received %s; shutting down", signal.Signals(signum).name)
         stop.set()
 
+    api_key = server_key(args.api_key, args.host, args.insecure_no_auth, "relax engine serve")
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     server = EngineServer(
         args.model,
         host=args.host,
         port=args.port,
+        api_key=api_key,
         dtype=args.dtype,
         device=args.device,
         max_running=args.max_running,

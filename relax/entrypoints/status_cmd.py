@@ -69,7 +69,10 @@ def collect(run_dir: Path, timeout_s: float = 5.0) -> dict[str, Any]:
         return out
     out["api"] = url
     try:
-        with httpx.Client(base_url=url, timeout=timeout_s) as client:
+        from relax.utils.auth import auth_headers, read_run_token
+
+        headers = auth_headers(read_run_token(run_dir))
+        with httpx.Client(base_url=url, timeout=timeout_s, headers=headers) as client:
             out["engines"] = client.get("/v1/engines").raise_for_status().json()["engines"]
             ops = client.get("/v1/operations").raise_for_status().json()["operations"]
         out["operation"] = ops[-1] if ops else None

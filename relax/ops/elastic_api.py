@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relax.ops.elastic_ops import ElasticError, Operation
+from relax.utils.auth import guard, process_token
 from relax.utils.net import tcp_listener
 
 logger = logging.getLogger(__name__)
@@ -239,11 +240,19 @@ def build_app(manager: Any, loop: asyncio.AbstractEventLoop | None) -> FastAPI:
 class ElasticServer:
     """The API on uvicorn in a daemon thread; `start()` returns the URL once it accepts requests."""
 
-    def __init__(self, manager: Any, loop: asyncio.AbstractEventLoop, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        manager: Any,
+        loop: asyncio.AbstractEventLoop,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+    ):
+        """`api_key`: the bearer token every route but `/health` asks for; None = the run's token."""
         import uvicorn
 
         self.host, self.port = host, port
-        self.app = build_app(manager, loop)
+        self.app = guard(build_app(manager, loop), api_key or process_token())
         self._uvicorn = uvicorn
         self._server: Any = None
         self._thread: threading.Thread | None = None

@@ -65,6 +65,36 @@ def clear_start_failures(roles: list[str]) -> None:
         internal_kv._internal_kv_del(_key(role), namespace=KV_NAMESPACE)  # noqa: SLF001
 
 
+def bind_serve_grpc(bind: str) -> None:
+    """Make this Serve replica's inter-deployment gRPC server listen on `resources.bind`'s address
+    (127.0.0.1 on one machine, the node's address on a cluster) instead of every interface.
+
+    Serve starts that server once the replica's constructor has returned, on the hard-coded address
+    `[::]:0`, through `add_port_to_grpc_server` of its replica module; this wraps that function in this
+    process only (the role's constructor runs first, so the wrap is in place when Serve calls it).
+    Without the module or the function (another Ray version) the replica keeps Serve's default, and
+    tests/security/test_listeners.py says so."""
+    from relax.utils.net import bind_address
+
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    original = getattr(replica, "add_port_to_grpc_server", None)
+    if original is None or getattr(original, "_relax_bound", False):
+        return
+    host = bind_address(bind)
+    host = f"[{host}]" if ":" in host else host
+
+    def bound(server: Any, address: str) -> Any:
+        if address.startswith("[::]:"):
+            address = f"{host}:{address[len('[::]:') :]}"
+        return original(server, address)
+
+    bound._relax_bound = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = bound
+
+
 def with_startup_report(cls: type, role: str) -> type:
     """A subclass of role class `cls` whose constructor reports its failure (`report_start_failure`)."""
 
@@ -73,8 +103,11 @@ def with_startup_report(cls: type, role: str) -> type:
             for arg in args:  # the role's config: its secrets are masked in this process's logs
                 if hasattr(arg, "run") and hasattr(arg, "model_dump"):
                     from relax.config.schema import register_config_secrets
+                    from relax.utils.auth import set_process_token
 
                     register_config_secrets(arg)
+                    set_process_token(arg.run.token_value())  # what its servers ask, its clients send
+                    bind_serve_grpc(arg.resources.bind)
             cls.__init__(self, *args, **kwargs)
         except BaseException as e:
             report_start_failure(role, e)

@@ -39,6 +39,7 @@ from relax.orchestration.registry import RoleSpec, roles_for
 from relax.orchestration.step_flow import POLL_S, StepFlow
 from relax.orchestration.watchdog import Watchdog
 from relax.roles.metrics import MetricsRole
+from relax.utils.auth import set_process_token
 from relax.utils.net import bind_address, resolve_bind
 from relax.utils.placement import ray_placement
 from relax.utils.redact import write_secret_file
@@ -107,6 +108,7 @@ class Controller:
             notifier.failure("the run stopped", e)
             raise
         finally:
+            set_process_token(None)  # the run's token ends with it (a process may run several)
             signal.signal(signal.SIGINT, old_handlers[0])
             signal.signal(signal.SIGTERM, old_handlers[1])
             try:
@@ -338,6 +340,7 @@ class Controller:
         token = os.environ.get("RELAX_RUN_TOKEN") or secrets.token_urlsafe(32)
         self.cfg.run.token = SecretStr(token)
         register_config_secrets(self.cfg)
+        set_process_token(token)
         write_secret_file(self.run_dir / "secrets" / "run_token", token)
 
     # -- signals -----------------------------------------------------------------------------

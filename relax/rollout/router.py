@@ -52,8 +52,11 @@ class Router:
         max_retries: int = 3,
         probe_timeout_s: float = 5.0,
         max_groups: int = 65536,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the engines' bearer token; None = this process's run token (relax/utils/auth.py)."""
         self.timeout_s = timeout_s
+        self.api_key = api_key
         self.max_retries = max_retries  # other engines tried after a failure
         self.probe_timeout_s = probe_timeout_s
         self.max_groups = max_groups  # group_key -> engine entries remembered (oldest forgotten first)
@@ -68,7 +71,9 @@ class Router:
     def add_engine(self, url: str) -> None:
         url = url.rstrip("/")
         if url not in self.engines:
-            self.engines[url] = EngineEntry(url, EngineClient(url, timeout_s=self.timeout_s))
+            self.engines[url] = EngineEntry(
+                url, EngineClient(url, timeout_s=self.timeout_s, api_key=self.api_key)
+            )
             logger.info("router: engine %s added", url)
 
     def remove_engine(self, url: str) -> None:

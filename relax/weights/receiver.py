@@ -26,6 +26,7 @@ from relax.engine_api.protocol import (
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsFromIpcRequest,
 )
+from relax.utils.auth import guard, process_token
 from relax.weights import ipc as weight_ipc
 from relax.weights.sync_group import WeightSyncGroup, create_group, parse_dtype
 
@@ -135,11 +136,20 @@ def build_receiver_app(receiver: ModelWeightReceiver) -> FastAPI:
 class ReceiverServer:
     """Serves a `ModelWeightReceiver` with uvicorn in a daemon thread on `host` (port 0 = free)."""
 
-    def __init__(self, receiver: ModelWeightReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        receiver: ModelWeightReceiver,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+    ) -> None:
+        """`api_key`: the bearer token every route but `/health` asks for; None = the run's token
+        (relax/utils/auth.py), none outside a run."""
         import uvicorn
 
         self.receiver = receiver
-        config = uvicorn.Config(build_receiver_app(receiver), host=host, port=port, log_level="warning")
+        app = guard(build_receiver_app(receiver), api_key or process_token())
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="weight-receiver", daemon=True)
         self.host = host

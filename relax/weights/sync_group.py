@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
@@ -72,6 +73,7 @@ class WeightSyncGroup:
         self.pg, self.store, self.rank, self.world_size = pg, store, rank, world_size
         self.backend, self.name = backend, name
         self.device = device  # where tensors travel: cpu for gloo, this rank's GPU for nccl
+        self.listener: socket.socket | None = None  # rank 0: the store's socket (`_store_listener`)
 
     def _on_device(self) -> Any:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -173,8 +175,15 @@ def create_group(
     elif torch.device(device).type != device_type:
         raise ValueError(f"backend {backend} moves tensors on {device_type}, not on {device}")
     timeout = timedelta(seconds=timeout_s)
+    listener = _store_listener(master_address, master_port) if rank == 0 else None
     store = dist.TCPStore(
-        master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout, multi_tenant=True
+        master_address,
+        master_port,
+        world_size,
+        is_master=(rank == 0),
+        timeout=timeout,
+        multi_tenant=True,
+        master_listen_fd=None if listener is None else listener.fileno(),
     )
     # The same prefixes as torch.distributed's group helper under SGLang's init_custom_process_group.
     prefixed = dist.PrefixStore(
@@ -193,7 +202,32 @@ def create_group(
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
     logger.info("weight-sync group %s: rank %d of %d joined (%s)", group_name, rank, world_size, backend)
-    return WeightSyncGroup(pg, store, rank, world_size, backend, group_name, torch.device(device))
+    group = WeightSyncGroup(pg, store, rank, world_size, backend, group_name, torch.device(device))
+    group.listener = listener  # the store's socket lives as long as the group
+    return group
+
+
+def _store_listener(address: str, port: int) -> socket.socket | None:
+    """The rendezvous store's listening socket, bound to `address` alone: TCPStore's own server listens
+    on every interface, and the rendezvous address is the only one its peers use (127.0.0.1 on one
+    machine, the trainer node's address on a cluster). None where `address` is not this host's (the
+    store then binds as it would)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        logger.warning(
+            "weight-sync rendezvous: cannot bind %s:%d (%s); the store binds every interface",
+            address,
+            port,
+            e,
+        )
+        return None
+    return sock
 
 
 async def init_weight_sync(

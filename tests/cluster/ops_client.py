@@ -11,6 +11,8 @@ from pathlib import Path
 
 import httpx
 
+from relax.utils.auth import auth_headers, read_run_token
+
 
 def api(run_dir: str) -> str:
     return json.loads((Path(run_dir) / "endpoints.json").read_text())["elastic_api"]
@@ -18,12 +20,14 @@ def api(run_dir: str) -> str:
 
 def scale_out(run_dir: str, n: int, timeout_s: float = 300) -> dict:
     url = api(run_dir)
-    op = httpx.post(f"{url}/v1/engines/scale_out", json={"mode": "ray_native", "num_engines": n}, timeout=30)
+    headers = auth_headers(read_run_token(run_dir))
+    body = {"mode": "ray_native", "num_engines": n}
+    op = httpx.post(f"{url}/v1/engines/scale_out", json=body, timeout=30, headers=headers)
     op.raise_for_status()
     op_id = op.json()["request_id"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        state = httpx.get(f"{url}/v1/operations/{op_id}", timeout=30).json()
+        state = httpx.get(f"{url}/v1/operations/{op_id}", timeout=30, headers=headers).json()
         if state["done"]:
             return state
         time.sleep(0.5)
@@ -31,7 +35,9 @@ def scale_out(run_dir: str, n: int, timeout_s: float = 300) -> dict:
 
 
 def engines(run_dir: str) -> dict:
-    return httpx.get(f"{api(run_dir)}/v1/engines", timeout=30).json()
+    return httpx.get(
+        f"{api(run_dir)}/v1/engines", timeout=30, headers=auth_headers(read_run_token(run_dir))
+    ).json()
 
 
 if __name__ == "__main__":

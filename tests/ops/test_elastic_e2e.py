@@ -9,6 +9,7 @@ One training run carries every check; the checks run on a thread while the Contr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import pytest
 
 from relax.config import load_config
 from relax.orchestration.controller import Controller
+from relax.utils.auth import auth_headers, read_run_token
 from relax.utils.net import free_port
 
 pytestmark = pytest.mark.slow
@@ -81,7 +83,12 @@ class Checks:
             str(self.model_dir),
         ]
         cmd += ["--port", str(port), "--threads", "1", "--max-running", "16"]
-        external = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        token_file = self.run_dir / "secrets" / "run_token"
+        token = wait(lambda: token_file.exists() and token_file.read_text().strip(), 180, "the run's token")
+        # an external engine serves a run only with the run's token (an engine that asks for another
+        # one answers the run's requests 401, and its scale-out fails)
+        env = {**os.environ, "RELAX_API_KEY": token}
+        external = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         try:
             self._checks(ext_url)
             assert external.poll() is None, "scale-in must not stop an engine Relax did not start"
@@ -94,7 +101,9 @@ class Checks:
         api = wait(
             lambda: endpoints.exists() and json.loads(endpoints.read_text()).get("elastic_api"), 180, "API"
         )
-        http = httpx.Client(base_url=api, timeout=60)
+        assert httpx.get(f"{api}/v1/engines", timeout=60).status_code == 401  # the API asks for the token
+        assert httpx.get(f"{api}/health", timeout=60).status_code == 200
+        http = httpx.Client(base_url=api, timeout=60, headers=auth_headers(read_run_token(self.run_dir)))
         wait(lambda: last_step(self.run_dir) >= 1, 180, "the first training step")
         self.mark("start")
         (initial,) = [e["url"] for e in http.get("/v1/engines").json()["engines"]]

@@ -11,6 +11,7 @@ from typing import Any
 
 import ray
 
+from relax.utils.auth import process_token
 from relax.utils.placement import bundle_options
 
 logger = logging.getLogger(__name__)
@@ -21,19 +22,30 @@ class EngineActor:
     """Hosts one `EngineServer`; the heavy engine is built inside the actor, only config travels."""
 
     def __init__(
-        self, model_path: str, engine_kwargs: dict[str, Any], cpus: str | None = None, bind: str = "auto"
+        self,
+        model_path: str,
+        engine_kwargs: dict[str, Any],
+        cpus: str | None = None,
+        bind: str = "auto",
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the run's token, which the engine requires (it arrives as an argument, never in
+        the actor's environment or options)."""
         from relax.backends.inference.embedded.server import EngineServer
+        from relax.utils.auth import set_process_token
         from relax.utils.gc_freeze import freeze_startup_objects
         from relax.utils.logging import setup_logging
         from relax.utils.net import bind_address
 
+        set_process_token(api_key)  # masked in this process's logs from here on
         setup_logging()
         if cpus is not None:  # before the engine starts its threads (relax/utils/cpu_affinity.py)
             from relax.utils.cpu_affinity import pin_process
 
             pin_process(cpus, "resources.rollout_cpus")
-        self.server = EngineServer(model_path, host=bind_address(bind), port=0, **engine_kwargs)
+        self.server = EngineServer(
+            model_path, host=bind_address(bind), port=0, api_key=api_key, **engine_kwargs
+        )
         self.server.start()
         freeze_startup_objects()  # the engine's process: see relax/utils/gc_freeze.py
 
@@ -101,7 +113,7 @@ class EngineGroup:
         bundle = bundle_options(self.gpu_group if self.num_gpus else None, i)
         options = bundle or self.placement  # a GPU bundle already says where the engine goes
         return EngineActor.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus, **options).remote(
-            self.model_path, self.engine_kwargs, self.cpus, self.bind
+            self.model_path, self.engine_kwargs, self.cpus, self.bind, process_token()
         )
 
     def stop(self) -> None:
@@ -135,7 +147,7 @@ class RayEngineProvider:
         GPU group)."""
         options = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, **self.placement}
         return EngineActor.options(**options).remote(
-            self.model_path, self.engine_kwargs, self.cpus, self.bind
+            self.model_path, self.engine_kwargs, self.cpus, self.bind, process_token()
         )
 
     async def url(self, handle: Any) -> str:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relax.backends.inference.launcher import ServerProcess, embedded_engine_command, server_url
 from relax.engine_api.client import EngineClient
+from relax.utils.auth import API_KEY_ENV, process_token, set_process_token
 from relax.utils.net import free_port, node_ip
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ def build_launch_command(cfg: SGLangServerConfig, port: int | None = None) -> li
         cmd += ["--context-length", str(cfg.context_length)]
     if cfg.random_seed is not None:
         cmd += ["--random-seed", str(cfg.random_seed)]
+    if token := process_token():  # the run's token: SGLang asks every route but /health for it
+        cmd += ["--api-key", token]
     return [*cmd, *cfg.extra_args]
 
 
@@ -87,7 +90,15 @@ LaunchCommand = Callable[[SGLangServerConfig, int], list[str]]  # module-level, 
 class SGLangServer:
     """One SGLang server process: `start()` launches it and returns its URL once healthy."""
 
-    def __init__(self, cfg: SGLangServerConfig, launch_command: LaunchCommand = build_launch_command) -> None:
+    def __init__(
+        self,
+        cfg: SGLangServerConfig,
+        launch_command: LaunchCommand = build_launch_command,
+        api_key: str | None = None,
+    ) -> None:
+        """`api_key`: the run's token, which the server will require (None: this process's)."""
+        if api_key:  # inside the Ray actor that hosts the server: the token arrives as an argument
+            set_process_token(api_key)
         self.cfg = cfg
         self.launch_command = launch_command  # tests pass one that runs `relax engine serve`
         self.process: ServerProcess | None = None
@@ -101,7 +112,9 @@ class SGLangServer:
         host = self.cfg.host
         if host == "0.0.0.0":  # reachable from other nodes: advertise this node's address
             host = node_ip()
-        self.process = ServerProcess(self.launch_command(self.cfg, port), server_url(host, port))
+        token = process_token()  # `relax engine serve` reads it here (SGLang from --api-key)
+        env = {API_KEY_ENV: token} if token else None
+        self.process = ServerProcess(self.launch_command(self.cfg, port), server_url(host, port), env=env)
         self.process.start(timeout_s=self.cfg.startup_timeout_s)
         return self.process.url
 
@@ -125,7 +138,7 @@ def launch_ray_native(
     actor_cls = ray.remote(SGLangServer)
     actors = [
         actor_cls.options(num_gpus=cfg.tp_size if num_gpus is None else num_gpus, num_cpus=1).remote(
-            cfg, launch_command
+            cfg, launch_command, process_token()
         )
         for cfg in configs
     ]

@@ -338,9 +338,16 @@ class FSDPWorker:
 
         return device_uuid(self.device)
 
-    def connect_engines(self, urls: list[str], rank_uuids: list[str | None] | None = None) -> None:
+    def connect_engines(
+        self, urls: list[str], rank_uuids: list[str | None] | None = None, api_key: str | None = None
+    ) -> None:
         """Rank 0 forms the weight-sync group with the receivers on other GPUs; each rank serves the
-        receivers on its own GPU by CUDA IPC. `rank_uuids`: every rank's GPU (default: this rank alone)."""
+        receivers on its own GPU by CUDA IPC. `rank_uuids`: every rank's GPU (default: this rank alone);
+        `api_key`: the run's token, which the receivers ask for."""
+        if api_key:
+            from relax.utils.auth import set_process_token
+
+            set_process_token(api_key)
         rank_uuids = rank_uuids if rank_uuids is not None else [self.device_uuid()]
         if self.rank < len(rank_uuids):
             self._publisher().connect(urls, rank_uuids, self.rank)

@@ -187,7 +187,10 @@ class TrainerGroup:
     # -- publishing --------------------------------------------------------------------------
     def connect_engines(self, urls: list[str]) -> None:
         """Every rank learns every rank's GPU, so each receiver is served by exactly one rank."""
-        self._call_all("connect_engines", urls, self._call_all("device_uuid"))
+        from relax.utils.auth import process_token
+
+        # the run's token travels as an argument: the ranks' HTTP clients send it to the receivers
+        self._call_all("connect_engines", urls, self._call_all("device_uuid"), api_key=process_token())
 
     def publish(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
         """All ranks gather, rank 0 broadcasts to the connected engines; returns bytes and seconds."""

@@ -27,7 +27,7 @@ TOOLS = [
 
 
 def main() -> None:
-    client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key="unused")
+    client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
     sample = json.load(open(os.environ["RELAX_SAMPLE_FILE"]))
     branch = "--branch" in sys.argv
     messages = [{"role": "user", "content": sample["prompt"]}]

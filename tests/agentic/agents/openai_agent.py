@@ -22,7 +22,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key="unused", max_retries=0, timeout=300)
+    client = OpenAI(
+        base_url=os.environ["RELAX_BASE_URL"],
+        api_key=os.environ["OPENAI_API_KEY"],
+        max_retries=0,
+        timeout=300,
+    )
     model = client.models.list().data[0].id
     passed = openai_checks.run_all(client, model, max_n=1)
     if args.out:

@@ -10,7 +10,7 @@ from openai import OpenAI
 
 
 def main() -> None:
-    client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key="unused")
+    client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
     task = json.load(open(os.environ["RELAX_SAMPLE_FILE"]))["prompt"]
     plan = (
         client.chat.completions.create(

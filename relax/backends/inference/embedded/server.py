@@ -32,6 +32,7 @@ from relax.backends.inference.embedded.http_info import health_router, info_rout
 from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.engine_api.openai.errors import openai_error
 from relax.engine_api.openai.routes import openai_router
+from relax.utils.auth import guard
 from relax.utils.net import tcp_listener
 
 logger = logging.getLogger(__name__)
@@ -68,12 +69,14 @@ class EngineServer:
         host: str = "127.0.0.1",
         port: int = 0,
         dependencies: Sequence[Any] = (),
+        api_key: str | None = None,
         **engine_kwargs: Any,
     ) -> None:
-        """`dependencies`: FastAPI `Depends(...)` on every route but `/health` (see `build_app`)."""
+        """`api_key`: the bearer token every route but `/health` requires (None: none);
+        `dependencies`: more FastAPI `Depends(...)` on those routes (see `build_app`)."""
         self.host, self.port = host, port
         self.engine = EmbeddedEngine(model_path, **engine_kwargs)
-        self.app = build_app(self.engine, dependencies)
+        self.app = guard(build_app(self.engine, dependencies), api_key)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 

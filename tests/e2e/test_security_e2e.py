@@ -1,0 +1,126 @@
+"""A real `relax train` run, read as an attacker would: which sockets listen while it runs, and where the
+secrets planted in its config end up.
+
+* No listener of the run or of the Ray cluster it starts is on all interfaces or on any address but
+  loopback (single host): every process carrying the run's marker is read from /proc while it trains.
+* The remote reward's credentials, the notification URL's password and the run's token appear in no
+  file of the run folder (W&B's offline folder included) and nowhere in the captured log; the token's
+  own file is readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MARK = f"relax-security-{uuid.uuid4().hex}"
+PLANTED = {
+    "auth header": "PLANTED-AUTH-4f9a0c1d",
+    "url token": "PLANTED-KEY-77c1e2b3",
+    "notify password": "PLANTED-PW-3b2e9a7f",
+    "run token": "PLANTED-RUN-TOKEN-9d0e6c5b",
+}
+
+
+def _marked_listeners() -> set[tuple[str, str, int]]:
+    """(process name, address, port) of every listening TCP socket of the run's processes."""
+    found = set()
+    for proc in psutil.process_iter(["pid", "name"]):
+        try:
+            if MARK.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes():
+                continue
+            for conn in proc.net_connections("inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.add((proc.info["name"], conn.laddr.ip, conn.laddr.port))
+        except (OSError, psutil.Error):  # ended meanwhile, or not ours to read
+            continue
+    return found
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, arith_file, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "reward:\n"
+        "  name: first_number\n"
+        "  type_kwargs:\n"
+        "    remote:\n"
+        f"      url: http://127.0.0.1:9/score?token={PLANTED['api key']}\n"
+        "      headers:\n"
+        f"        Authorization: Bearer {PLANTED['auth header']}\n"
+        "ops:\n"
+        f"  notify_urls: ['json://relax:{PLANTED['notify password']}@127.0.0.1:9/notify']\n"
+        "  wandb: {mode: offline}\n"
+    )
+    args = [
+        str(cfg),
+        f"model.path={tiny_model_dir}",
+        f"data.train_files=[{arith_file}]",
+        f"run.output_dir={tmp_path}",
+        "run.name=sec",
+        "trainer.num_steps=3",
+        "rollout.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4",
+        "ops.progress=false",
+        "ops.checkpoint_interval=3",
+    ]
+    env = {
+        **os.environ,
+        "RELAX_TEST_MARK": MARK,
+        "RELAX_RUN_TOKEN": PLANTED["run token"],
+        "RELAX_LOG_LEVEL": "DEBUG",
+        "WANDB_MODE": "offline",
+    }
+    log_file = tmp_path / "log.txt"
+    listeners: set[tuple[str, str, int]] = set()
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relax.entrypoints.cli", "train", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 600
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                listeners |= _marked_listeners()
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    log_text = log_file.read_text(errors="replace")
+    assert proc.returncode == 0, log_text[-4000:]
+
+    assert listeners, "no listener of the run was seen: the marker did not reach its processes"
+    open_ = sorted(x for x in listeners if not _loopback(x[1]))
+    assert not open_, f"listeners not on loopback: {open_}"
+
+    run_dir = tmp_path / "sec"
+    token_file = run_dir / "secrets" / "run_token"
+    assert token_file.read_text().strip() == PLANTED["run token"]
+    assert token_file.stat().st_mode & 0o077 == 0, oct(token_file.stat().st_mode)
+    files = [p for p in run_dir.rglob("*") if p.is_file() and p != token_file]
+    assert any(p.name == "config.yaml" for p in files) and any("wandb" in p.parts for p in files), files
+    for path in [*files, log_file]:
+        data = path.read_bytes()
+        for what, secret in PLANTED.items():
+            assert secret.encode() not in data, f"the {what} is in {path}"
+    dumped = json.dumps(__import__("yaml").safe_load((run_dir / "config.yaml").read_text()))
+    assert "***" in dumped  # the credentials are there, masked
