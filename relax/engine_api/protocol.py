@@ -87,6 +87,8 @@ UNSUPPORTED_SAMPLING = {
     "ebnf_full_assistant": False,
 }
 GRAMMARS = ("regex", "json_schema", "ebnf")
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (SGLang's threshold)
+MAX_FORWARD_SLEEP_S = 60.0  # `/slow_down`'s bound: a longer sleep per step is a stalled engine
 
 
 class SamplingParams(Strict):
@@ -96,7 +98,9 @@ class SamplingParams(Strict):
     every sampled token to those that keep the output a prefix of a match (`embedded/grammar.py`)."""
 
     max_new_tokens: int = Field(128, ge=0, description="Cap on generated tokens (clamped to the context).")
-    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 0 = greedy.")
+    temperature: float = Field(
+        1.0, ge=0.0, allow_inf_nan=False, description="Softmax temperature; 0 = greedy."
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept (1 = off).")
     top_k: int = Field(-1, description="Keep the k most likely tokens (-1 = off).")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Drop tokens below min_p * max prob (0 = off).")
@@ -136,6 +140,13 @@ class SamplingParams(Strict):
             }
             data = {k: (None if k in GRAMMARS and v == "" else v) for k, v in data.items()}
         return data
+
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_temperature_is_greedy(cls, v: float) -> float:
+        # Dividing logits by a temperature this small overflows them to inf (NaN probabilities that
+        # fail the sampling step); SGLang treats it as greedy, and so does this engine.
+        return 0.0 if v < GREEDY_TEMPERATURE else v
 
     @field_validator("top_k")
     @classmethod
@@ -273,7 +284,7 @@ class PauseRequest(Strict):
 class SlowDownRequest(Strict):
     """Body of `POST /slow_down`: sleep this long after every step (None or 0 = full speed)."""
 
-    forward_sleep_time: float | None = Field(None, ge=0.0)
+    forward_sleep_time: float | None = Field(None, ge=0.0, le=MAX_FORWARD_SLEEP_S, allow_inf_nan=False)
 
 
 class InitWeightsUpdateGroupRequest(Strict):

@@ -78,9 +78,11 @@ class EmbeddedEngine:
         attn_implementation: str | None = "sdpa",
         cuda_graphs: bool = True,
         overlap: bool | None = None,
+        max_n: int | None = None,
     ) -> None:
         """`overlap`: launch each decode step before the host reads the last one back (`scheduler.py`;
-        None: on CUDA, where it hides the host's per-step work behind the GPU's)."""
+        None: on CUDA, where it hides the host's per-step work behind the GPU's). `max_n`: the most
+        samples one request may ask for (None: `max_running`; never above it)."""
         if threads:
             torch.set_num_threads(threads)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -103,6 +105,9 @@ class EmbeddedEngine:
             seed=seed if seed is not None else secrets.randbits(62),  # the stream of unseeded requests
             overlap=overlap,
         )
+        # A lone request is always admitted, whatever its size, so `n` above the batch would allocate
+        # KV rows past `max_running`: refused up front instead.
+        self.max_n = max(1, min(max_n or max_running, max_running))
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], Future, bool]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -175,6 +180,21 @@ class EmbeddedEngine:
             self._run_commands()
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            # Not an Exception (those fail the step's requests in `_serve`): SystemExit, a
+            # KeyboardInterrupt, ... The thread ends; `is_alive()` turns False, so `/health` answers 503
+            # and a supervisor replaces the engine; the requests in flight fail below instead of hanging.
+            logger.critical("the engine thread died; failing every request", exc_info=True)
+            raise
+        finally:
+            gone = RuntimeError("the engine was shut down" if self._stopping else "the engine thread died")
+            self.scheduler.fail_all(gone)
+            while not self._commands.empty():
+                self._commands.get()[1].set_exception(gone)
+
+    def _serve(self) -> None:
         while not self._stopping:
             self._wake.clear()
             self._run_commands()
@@ -196,10 +216,6 @@ class EmbeddedEngine:
             self._totals["generated"] += n
             while self._recent and self._recent[0][0] < now - 5.0:
                 self._recent.popleft()
-        gone = RuntimeError("the engine was shut down")
-        self.scheduler.fail_all(gone)
-        while not self._commands.empty():
-            self._commands.get()[1].set_exception(gone)
 
     def _post(self, fn: Callable[[], Any], drain: bool = True) -> Future:
         """Queue `fn` to run on the engine thread between two steps, once no decode step is in flight
@@ -281,6 +297,14 @@ class EmbeddedEngine:
             raise ValueError(
                 f"prompt has {len(input_ids)} tokens; the engine's context is {self.max_context_len} tokens "
                 "(it must leave room for at least one new token)"
+            )
+        if params.n > self.max_n:
+            raise ValueError(f"n={params.n} is above this engine's limit of {self.max_n} samples per request")
+        budget = self.scheduler.max_total_tokens
+        if params.n * (len(input_ids) + 1) > budget:  # the least it reserves: the prompt and one token
+            raise ValueError(
+                f"prompt of {len(input_ids)} tokens with n={params.n} needs more than the engine's KV "
+                f"budget of {budget} tokens (max_total_tokens)"
             )
         bad = [t for t in input_ids if not 0 <= int(t) < self.runner.vocab_size]
         if bad:
@@ -386,7 +410,10 @@ class EmbeddedEngine:
             raise ValueError(f"no *.safetensors file in {model_path}")
         tensors: dict[str, Tensor] = {}
         for f in files:
-            tensors.update(load_file(str(f)))
+            try:
+                tensors.update(load_file(str(f)))
+            except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: the caller's bad file
+                raise ValueError(f"cannot read {f}: {e}") from e
         return self.update_weights(tensors.items(), weight_version)
 
     def init_weights_update_group(

@@ -130,8 +130,8 @@ def generate_router(engine: EmbeddedEngine) -> APIRouter:
             groups = await _wait_unless_disconnected(futures, request, engine, [j.rid for j in jobs])
         except ValueError as e:
             return bad_request(str(e))
-        except RuntimeError as e:
-            return bad_request(str(e), status=500)
+        except RuntimeError as e:  # a failed step (500), or an engine thread that is gone (503: go elsewhere)
+            return bad_request(str(e), status=500 if engine.is_alive() else 503)
         tok = engine.tokenizer
         items = [
             final_item(r, job, tok, req.return_text_in_logprobs)

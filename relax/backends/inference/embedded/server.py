@@ -8,7 +8,8 @@ OpenAI router); `build_app(engine, dependencies=[...])` puts the same FastAPI de
 route but `/health` (the place for a bearer-token check).
 
 `EngineServer` runs uvicorn in a background thread (it works inside a Ray actor: no signal handlers
-off the main thread) and returns the bound port, so `port=0` picks a free one.
+off the main thread) and returns the bound port, so `port=0` picks a free one. Request bodies over
+`max_body_bytes` are answered 413 before any route reads them (`relax.utils.http_limits`).
 """
 
 from __future__ import annotations
@@ -33,9 +34,14 @@ from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.engine_api.openai.errors import openai_error
 from relax.engine_api.openai.routes import openai_router
 from relax.utils.auth import guard
+from relax.utils.http_limits import BodySizeLimit
 from relax.utils.net import tcp_listener
 
 logger = logging.getLogger(__name__)
+
+# Above `http_limits`' generic 16 MiB: a multimodal prompt carries its media tensors base64-encoded in
+# the JSON body, and a large image or a video can exceed 16 MiB legitimately.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 __all__ = ["EngineServer", "bad_request", "build_app"]
 
@@ -70,13 +76,17 @@ class EngineServer:
         port: int = 0,
         dependencies: Sequence[Any] = (),
         api_key: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         **engine_kwargs: Any,
     ) -> None:
         """`api_key`: the bearer token every route but `/health` requires (None: none);
-        `dependencies`: more FastAPI `Depends(...)` on those routes (see `build_app`)."""
+        `dependencies`: more FastAPI `Depends(...)` on those routes (see `build_app`);
+        `max_body_bytes`: larger request bodies get 413 unread."""
         self.host, self.port = host, port
         self.engine = EmbeddedEngine(model_path, **engine_kwargs)
         self.app = guard(build_app(self.engine, dependencies), api_key)
+        # added last, so outermost: an oversized body is refused before auth or routing touch it
+        self.app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
