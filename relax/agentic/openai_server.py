@@ -36,6 +36,7 @@ from relax.engine_api.openai.backend import ChatPrompt
 from relax.engine_api.openai.errors import OpenAIError, openai_error
 from relax.engine_api.openai.routes import openai_router
 from relax.utils.auth import guard, process_token
+from relax.utils.http_limits import limit_requests
 from relax.utils.redact import register_secret
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class OpenAIServer:
         self.sessions: dict[str, ChatSession] = {}
         self.session_tokens: dict[str, str] = {}  # session id -> the token its agent was given
         self.app = guard(self._build_app(list(dependencies)), api_key or process_token(), self._session_token)
+        limit_requests(self.app)
         self._server: _Server | None = None
         self._task: Any = None
         self._starting: Any = None  # asyncio.Lock, made on the loop that starts the server

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relax.ops.elastic_ops import ElasticError, Operation
 from relax.utils.auth import guard, process_token
+from relax.utils.http_limits import limit_requests
 from relax.utils.net import tcp_listener
 
 logger = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class ElasticServer:
         import uvicorn
 
         self.host, self.port = host, port
-        self.app = guard(build_app(manager, loop), api_key or process_token())
+        self.app = limit_requests(guard(build_app(manager, loop), api_key or process_token()))
         self._uvicorn = uvicorn
         self._server: Any = None
         self._thread: threading.Thread | None = None

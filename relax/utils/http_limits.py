@@ -8,6 +8,7 @@ the `Content-Length` header when there is one (nothing is read), else by countin
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -101,3 +102,77 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+DEFAULT_READ_TIMEOUT_S = 30.0
+
+
+class ReadTimeout:
+    """ASGI middleware: a client that stops sending its request body for `timeout_s` gets 408 and the
+    request ends, instead of holding its connection and its handler open for ever (a half-sent request).
+
+    Only reads of the body are timed: once the body is complete, `receive` passes through untouched, so
+    a streaming response that waits for the client's disconnect is not cut off."""
+
+    def __init__(self, app: ASGIApp, timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.app, self.timeout_s = app, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body_done = False
+        timed_out = False
+        started = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done, timed_out
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except asyncio.TimeoutError:
+                timed_out = True
+                if not started:
+                    await _send_error(send, 408, f"request body not received within {self.timeout_s:g}s")
+                return {"type": "http.disconnect"}
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if timed_out:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        except Exception:
+            if not timed_out:
+                raise
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"error": {"message": message, "code": status}}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def limit_requests(
+    app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+) -> Any:
+    """`app` (FastAPI/Starlette) with the body size limit and the body read timeout; returns `app`.
+    Every server Relax starts goes through here."""
+    app.add_middleware(ReadTimeout, timeout_s=read_timeout_s)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)  # outermost: an oversized body is never read
+    return app

@@ -11,7 +11,6 @@ push (the version the trainer sends with the last bucket).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from typing import Any
@@ -27,10 +26,13 @@ from relax.engine_api.protocol import (
     UpdateWeightsFromIpcRequest,
 )
 from relax.utils.auth import guard, process_token
+from relax.utils.http_limits import limit_requests
+from relax.utils.tasks import in_daemon_thread
 from relax.weights import ipc as weight_ipc
 from relax.weights.sync_group import WeightSyncGroup, create_group, parse_dtype
 
 logger = logging.getLogger(__name__)
+JOIN_TIMEOUT_S = 120.0  # a rendezvous not complete by then fails the join (an unreachable trainer)
 
 
 class ModelWeightReceiver:
@@ -55,6 +57,7 @@ class ModelWeightReceiver:
             req.world_size,
             req.backend,
             req.group_name,
+            timeout_s=JOIN_TIMEOUT_S,
             device=device,
         )
 
@@ -100,7 +103,7 @@ def build_receiver_app(receiver: ModelWeightReceiver) -> FastAPI:
 
     async def call(fn: Any, req: Any, done: str) -> JSONResponse:
         try:
-            await asyncio.to_thread(fn, req)
+            await in_daemon_thread(fn, req)  # a stuck rendezvous holds no shared worker thread
         except (ValueError, KeyError, RuntimeError) as e:
             logger.warning("weight receiver %s failed: %s", fn.__name__, e)
             return JSONResponse({"success": False, "message": f"{fn.__name__} failed: {e}"}, status_code=400)
@@ -148,7 +151,7 @@ class ReceiverServer:
         import uvicorn
 
         self.receiver = receiver
-        app = guard(build_receiver_app(receiver), api_key or process_token())
+        app = limit_requests(guard(build_receiver_app(receiver), api_key or process_token()))
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="weight-receiver", daemon=True)

@@ -1,10 +1,13 @@
 """One bad request never stalls or kills the embedded engine's server: a real `EngineServer` on
 127.0.0.1 over the tiny model, spoken to over HTTP. Tiny temperatures sample greedily, `n` and the KV
 budget are bounded, oversized bodies get 413, `/slow_down` is bounded, a dead engine thread turns
-`/health` to 503, and an unreadable checkpoint answers 400 naming the file."""
+`/health` to 503, an unreadable checkpoint answers 400 naming the file, a half-sent request gets 408, and
+a weight-group join to a trainer that never answers fails within its timeout while every other route
+keeps answering."""
 
 from __future__ import annotations
 
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,9 +23,19 @@ SERVER_KW = dict(
 )
 
 
+READ_TIMEOUT_S = 1.5
+JOIN_TIMEOUT_S = 4.0
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    srv = EngineServer(str(tiny_model_dir), max_body_bytes=MAX_BODY, **SERVER_KW)
+    srv = EngineServer(
+        str(tiny_model_dir),
+        max_body_bytes=MAX_BODY,
+        read_timeout_s=READ_TIMEOUT_S,
+        weight_join_timeout_s=JOIN_TIMEOUT_S,
+        **SERVER_KW,
+    )
     srv.start()
     yield srv
     srv.stop()
@@ -168,3 +181,48 @@ def test_dead_engine_thread_turns_health_to_503(tiny_model_dir):
         assert generate(srv.url, {"input_ids": [1, 2]}).status_code == 503
     finally:
         srv.stop()
+
+
+def test_a_half_sent_request_gets_408_and_holds_nothing(server):
+    host, port = server.host, server.port
+    with socket.create_connection((host, port), timeout=30) as sock:
+        head = f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        sock.sendall((head + "Content-Length: 1000\r\n\r\n").encode() + b'{"input_ids": [1')
+        t0 = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # others meanwhile
+        answer = sock.recv(4096).decode(errors="replace")
+        waited = time.monotonic() - t0
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert READ_TIMEOUT_S * 0.5 < waited < READ_TIMEOUT_S + 10, waited
+
+
+def test_a_join_to_an_unreachable_trainer_fails_fast_and_blocks_no_route(server):
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
+    body = {
+        "master_address": "127.0.0.1",
+        "master_port": dead.getsockname()[1],
+        "rank_offset": 1,
+        "world_size": 2,
+        "group_name": "never",
+        "backend": "gloo",
+    }
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            t0 = time.monotonic()
+            join = pool.submit(httpx.post, server.url + "/init_weights_update_group", json=body, timeout=120)
+            time.sleep(0.5)
+            # while it waits: a second join is refused at once, every other route answers
+            again = httpx.post(server.url + "/init_weights_update_group", json=body, timeout=10)
+            assert again.status_code == 409, again.text
+            assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+            assert httpx.get(server.url + "/get_model_info", timeout=5).status_code == 200
+            assert httpx.post(server.url + "/pause_generation", json={}, timeout=10).status_code == 200
+            assert httpx.post(server.url + "/continue_generation", timeout=10).status_code == 200
+            out = generate(server.url, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+            assert out.status_code == 200, out.text
+            answer = join.result(timeout=120)
+        assert answer.status_code == 400 and answer.json()["success"] is False, answer.text
+        assert time.monotonic() - t0 < JOIN_TIMEOUT_S + 30
+    finally:
+        dead.close()

@@ -79,10 +79,14 @@ class EmbeddedEngine:
         cuda_graphs: bool = True,
         overlap: bool | None = None,
         max_n: int | None = None,
+        weight_join_timeout_s: float = 120.0,
     ) -> None:
         """`overlap`: launch each decode step before the host reads the last one back (`scheduler.py`;
         None: on CUDA, where it hides the host's per-step work behind the GPU's). `max_n`: the most
-        samples one request may ask for (None: `max_running`; never above it)."""
+        samples one request may ask for (None: `max_running`; never above it).
+        `weight_join_timeout_s`: a weight-sync group whose rendezvous does not complete this long after
+        `/init_weights_update_group` fails the join (an unreachable trainer never holds the engine)."""
+        self.weight_join_timeout_s = weight_join_timeout_s
         if threads:
             torch.set_num_threads(threads)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -433,7 +437,14 @@ class EmbeddedEngine:
         self._held = []  # a push the old group left unfinished
         device = self.runner.device if backend == "nccl" else None
         self._groups[group_name] = create_group(
-            master_address, master_port, rank_offset, world_size, backend, group_name, device=device
+            master_address,
+            master_port,
+            rank_offset,
+            world_size,
+            backend,
+            group_name,
+            timeout_s=self.weight_join_timeout_s,
+            device=device,
         )
 
     def destroy_weights_update_group(self, group_name: str) -> None:

@@ -24,12 +24,14 @@ from relax.engine_api.protocol import (
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsFromIpcRequest,
 )
+from relax.utils.tasks import in_daemon_thread
 
 logger = logging.getLogger(__name__)
 
 
 def control_router(engine: EmbeddedEngine) -> APIRouter:
     router = APIRouter()
+    joining = asyncio.Lock()
 
     @router.post("/pause_generation")
     async def pause(request: Request) -> Any:
@@ -71,9 +73,14 @@ def control_router(engine: EmbeddedEngine) -> APIRouter:
             req.group_name,
             req.backend,
         )
-        return await _weights_call(
-            engine.init_weights_update_group, *args, done="joined the weight update group"
-        )
+        if joining.locked():  # one rendezvous at a time; a second would only queue behind a stuck one
+            return JSONResponse(
+                {"success": False, "message": "a weight-update group join is already in progress"}, 409
+            )
+        async with joining:
+            return await _weights_call(
+                engine.init_weights_update_group, *args, done="joined the weight update group"
+            )
 
     @router.post("/destroy_weights_update_group")
     async def destroy_group(req: DestroyWeightsUpdateGroupRequest) -> JSONResponse:
@@ -106,9 +113,9 @@ def control_router(engine: EmbeddedEngine) -> APIRouter:
 
 
 async def _weights_call(fn: Any, *args: Any, done: str) -> JSONResponse:
-    """Run a blocking weight call in a worker thread; SGLang's {"success", "message"} answer."""
+    """Run a blocking weight call on a daemon thread; SGLang's {"success", "message"} answer."""
     try:
-        await asyncio.to_thread(fn, *args)
+        await in_daemon_thread(fn, *args)
     except (ValueError, KeyError, RuntimeError) as e:
         logger.warning("%s failed: %s", fn.__name__, e)
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)

@@ -34,7 +34,7 @@ from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.engine_api.openai.errors import openai_error
 from relax.engine_api.openai.routes import openai_router
 from relax.utils.auth import guard
-from relax.utils.http_limits import BodySizeLimit
+from relax.utils.http_limits import DEFAULT_READ_TIMEOUT_S, limit_requests
 from relax.utils.net import tcp_listener
 
 logger = logging.getLogger(__name__)
@@ -77,16 +77,18 @@ class EngineServer:
         dependencies: Sequence[Any] = (),
         api_key: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         **engine_kwargs: Any,
     ) -> None:
         """`api_key`: the bearer token every route but `/health` requires (None: none);
         `dependencies`: more FastAPI `Depends(...)` on those routes (see `build_app`);
-        `max_body_bytes`: larger request bodies get 413 unread."""
+        `max_body_bytes`: larger request bodies get 413 unread; `read_timeout_s`: a body that stops
+        arriving for this long gets 408."""
         self.host, self.port = host, port
         self.engine = EmbeddedEngine(model_path, **engine_kwargs)
         self.app = guard(build_app(self.engine, dependencies), api_key)
         # added last, so outermost: an oversized body is refused before auth or routing touch it
-        self.app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+        limit_requests(self.app, max_body_bytes, read_timeout_s)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
