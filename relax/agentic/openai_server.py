@@ -186,6 +186,10 @@ class OpenAIServer:
         async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
             return openai_error(f"invalid request: {exc.errors()[0].get('msg')}", 400)
 
+        @app.get("/health")
+        async def health() -> dict:  # liveness, answered without a token like every Relax server's
+            return {}
+
         router = openai_router(self._resolve)
         app.include_router(router, prefix="/s/{session_id}/v1", dependencies=dependencies)
         app.include_router(router, prefix="/v1", dependencies=dependencies)
