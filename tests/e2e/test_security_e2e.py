@@ -61,7 +61,7 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
         "  name: first_number\n"
         "  type_kwargs:\n"
         "    remote:\n"
-        f"      url: http://127.0.0.1:9/score?token={PLANTED['api key']}\n"
+        f"      url: http://127.0.0.1:9/score?token={PLANTED['url token']}\n"
         "      headers:\n"
         f"        Authorization: Bearer {PLANTED['auth header']}\n"
         "ops:\n"
