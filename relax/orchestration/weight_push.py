@@ -103,7 +103,7 @@ class WeightPush:
         if self._preparing is None or self._pushing != trained_step:
             self.begin(trained_step)
         preparing, self._preparing = self._preparing, None
-        admit = False
+        admit, version = False, None
         try:
             try:  # the trained step's checks were asked when it ended; they answer during the prepare
                 self.after_prepare()
@@ -119,7 +119,7 @@ class WeightPush:
                 self.rollout.elastic_pushed.remote(version).result()
             self.pushed(trained_step)
         finally:
-            self._finishing = self.rollout.finish_weight_update.remote(trained_step, admit)
+            self._finishing = self.rollout.finish_weight_update.remote(trained_step, admit, version)
         return version
 
     def settle(self) -> None:

@@ -197,9 +197,14 @@ class RolloutRole(PlaneClient):
         )
         return {"plan": plan, "replaced": replaced, "metrics": metrics}
 
-    async def finish_weight_update(self, trained_step: int, admit: bool) -> list[str]:
+    async def finish_weight_update(
+        self, trained_step: int, admit: bool, version: int | None = None
+    ) -> list[str]:
         """The push's last call: `admit_engines` (after a push that reached them), then
-        `end_weight_update`."""
+        `end_weight_update`. `version`: the weight version the push delivered (None: it failed), which
+        the elastic API reports as the current one."""
+        if version is not None and self.fleet.elastic is not None:
+            self.fleet.elastic.version = str(version)
         admitted = self.admit_engines() if admit else []
         await self.end_weight_update(trained_step)
         return admitted

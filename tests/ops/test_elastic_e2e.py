@@ -176,6 +176,8 @@ class Checks:
         self.mark("scaled_in")
         step = self.steps["scaled_in"]
         wait(lambda: last_step(self.run_dir) >= step + 2, 120, "training after the scale-in")
+        listing = http.get("/v1/engines").json()  # the version of the latest push, not the last scale-out's
+        assert int(listing["weight_version"]) >= step + 1, (step, listing)
         self.mark("end")
 
 

@@ -76,7 +76,9 @@ class FakeRollout:
     async def metrics(self, step: int) -> dict[str, float]:
         return {"rollout/step": float(step)}
 
-    async def finish_weight_update(self, trained_step: int, admit: bool) -> list[str]:
+    async def finish_weight_update(
+        self, trained_step: int, admit: bool, version: int | None = None
+    ) -> list[str]:
         return []
 
 
