@@ -49,6 +49,31 @@ def test_the_driver_check_names_each_unusable_path(tmp_path, tiny_model_dir, ari
     assert "data.train_files[0]" in msg and "missing.jsonl: no such file" in msg
 
 
+def test_data_rows_are_checked_before_ray_naming_file_and_line(tmp_path, tiny_model_dir):
+    """A row that selects code (`builtins:print`) or an unknown reward, and rows without the label their
+    reward compares with, stop the run before Ray starts; the error names the file and the line."""
+    import json
+
+    data = tmp_path / "rows.jsonl"
+    rows = [
+        {"prompt": "1+1=", "label": "2"},
+        {"prompt": "2+2=", "label": "4", "metadata": {"rm_type": "builtins:print"}},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(PreflightError, match=r"line 2 of .*rows.jsonl: .*'builtins:print'.*neither built in"):
+        check_local(cfg_for(str(tiny_model_dir), str(data), str(tmp_path)))
+
+    data.write_text(
+        json.dumps({"prompt": "1+1=", "label": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n"
+    )
+    with pytest.raises(PreflightError, match=r"1 row\(s\) have no label.*line 2 of .*rows.jsonl"):
+        check_local(cfg_for(str(tiny_model_dir), str(data), str(tmp_path), "reward.name=exact_match"))
+
+    data.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n" + "{not json\n")
+    with pytest.raises(PreflightError, match=r"rows.jsonl"):
+        check_local(cfg_for(str(tiny_model_dir), str(data), str(tmp_path)))
+
+
 def test_every_node_checks_the_paths_and_proves_the_run_folder_is_shared(
     ray_cluster, tmp_path, tiny_model_dir, arith_file
 ):
