@@ -40,60 +40,69 @@ def _run_pids() -> set[str]:
     return pids
 
 
-def test_sigterm_while_roles_start_ends_the_run(tiny_model_dir, arith_file, tmp_path):
-    """A stop asked for before any step ran (roles still deploying) ends the run at once, with nothing
-    left running; it no longer waits for a step that never starts."""
+def _args(tmp_path, tiny_model_dir, arith_file, name: str, *extra: str) -> list[str]:
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("{}\n")
-    args = [
+    return [
         str(cfg_file),
         f"model.path={tiny_model_dir}",
         f"data.train_files=[{arith_file}]",
         f"run.output_dir={tmp_path}",
-        "run.name=early",
+        f"run.name={name}",
         "ops.progress=false",
+        *extra,
     ]
-    log_file = tmp_path / "log.txt"
+
+
+def _sigterm_once(
+    args: list[str], log_file: Path, ready: str, settle_s: float, exit_within_s: float
+) -> float:
+    """Start the run, wait for `ready` in its log (and `settle_s` more), send one SIGTERM to the driver;
+    returns the seconds from the signal to the exit, which must be code 130."""
     with open(log_file, "w") as log:
         proc = _train(args, log)
         deadline = time.monotonic() + 240
-        while (
-            time.monotonic() < deadline
-            and proc.poll() is None
-            and "starting roles" not in log_file.read_text()
-        ):
+        while time.monotonic() < deadline and proc.poll() is None and ready not in log_file.read_text():
             time.sleep(0.1)
+        time.sleep(settle_s)
         assert proc.poll() is None, log_file.read_text()[-3000:]
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # to the driver, as a scheduler or `kill` sends it
-        assert proc.wait(timeout=60) == 130, log_file.read_text()[-3000:]
-    assert time.monotonic() - signalled < 45
-    assert "stop requested while roles" in log_file.read_text()
-    metrics = tmp_path / "early" / "metrics.jsonl"
-    assert not metrics.exists() or not metrics.read_text().strip()  # no step ran
+        assert proc.wait(timeout=exit_within_s) == 130, log_file.read_text()[-3000:]
+    return time.monotonic() - signalled
+
+
+def _nothing_left_running() -> None:
     deadline = time.monotonic() + 30
     while _run_pids() and time.monotonic() < deadline:
         time.sleep(1)
     assert not _run_pids(), "processes of the run (Ray, engines) left behind after SIGTERM"
 
 
+def test_sigterm_while_roles_start_ends_the_run(tiny_model_dir, arith_file, tmp_path):
+    """A stop asked for before any step ran (roles still deploying) ends the run at once, with nothing
+    left running; it no longer waits for a step that never starts."""
+    log_file = tmp_path / "log.txt"
+    args = _args(tmp_path, tiny_model_dir, arith_file, "early")
+    assert _sigterm_once(args, log_file, "starting roles", 0.0, 60) < 45
+    assert "stop requested while roles" in log_file.read_text()
+    metrics = tmp_path / "early" / "metrics.jsonl"
+    assert not metrics.exists() or not metrics.read_text().strip()  # no step ran
+    _nothing_left_running()
+
+
 def test_ctrl_c_then_resume(tiny_model_dir, arith_file, tmp_path):
-    args = [
-        "-",
-        f"model.path={tiny_model_dir}",
-        f"data.train_files=[{arith_file}]",
-        f"run.output_dir={tmp_path}",
-        "run.name=sig",
+    args = _args(
+        tmp_path,
+        tiny_model_dir,
+        arith_file,
+        "sig",
         "rollout.prompts_per_step=4",
         "rollout.n_samples_per_prompt=4",
         "rollout.max_new_tokens=4",
         "trainer.num_steps=1000",
         "ops.checkpoint_interval=0",
-        "ops.progress=false",
-    ]
-    cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text("{}\n")
-    args[0] = str(cfg_file)
+    )
     run_dir = tmp_path / "sig"
     metrics = run_dir / "metrics.jsonl"
     with open(tmp_path / "log1.txt", "w") as log:
@@ -129,39 +138,19 @@ def test_ctrl_c_then_resume(tiny_model_dir, arith_file, tmp_path):
 def test_sigterm_during_a_stuck_step_stops_after_the_grace(tiny_model_dir, arith_file, tmp_path):
     """The Actor hangs in its update (a 10-minute sleep); one SIGTERM stops the run once
     ops.stop_grace_s is over, with nothing left running."""
-    cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text("{}\n")
-    args = [
-        str(cfg_file),
-        f"model.path={tiny_model_dir}",
-        f"data.train_files=[{arith_file}]",
-        f"run.output_dir={tmp_path}",
-        "run.name=stuck",
-        "ops.progress=false",
+    log_file = tmp_path / "log.txt"
+    args = _args(
+        tmp_path,
+        tiny_model_dir,
+        arith_file,
+        "stuck",
         "ops.stop_grace_s=5",
         "schedule.debug_train_delay_s=600",
-    ]
-    log_file = tmp_path / "log.txt"
-    with open(log_file, "w") as log:
-        proc = _train(args, log)
-        deadline = time.monotonic() + 240
-        while (
-            time.monotonic() < deadline
-            and proc.poll() is None
-            and "roles metrics, rollout, actor are up" not in log_file.read_text()
-        ):
-            time.sleep(0.2)
-        time.sleep(5)  # into step 1's update
-        assert proc.poll() is None, log_file.read_text()[-3000:]
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 130, log_file.read_text()[-3000:]
-    assert time.monotonic() - signalled < 90
+    )
+    # 5 s after the roles are up: inside step 1's update
+    assert _sigterm_once(args, log_file, "roles metrics, rollout, actor are up", 5.0, 120) < 90
     assert "did not finish the update of step 1 within ops.stop_grace_s=5s" in log_file.read_text()
-    deadline = time.monotonic() + 30
-    while _run_pids() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not _run_pids(), "processes of the run left behind after SIGTERM"
+    _nothing_left_running()
 
 
 def test_a_stalled_step_fails_the_run_naming_role_and_phase(
