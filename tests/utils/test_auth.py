@@ -80,6 +80,27 @@ def test_engine_client_sends_the_token(tiny_model_dir):
         server.stop()
 
 
+def test_an_external_engine_is_attached_only_with_its_token(tiny_model_dir):
+    """`rollout.engine=external`: attaching checks the engine answers the run's token; an engine started
+    with another key refuses the run before any rollout."""
+    from relax.backends.inference.embedded.server import EngineServer
+    from relax.backends.inference.sglang import attach_external
+    from relax.engine_api.client import EngineRequestError
+    from relax.utils.auth import set_process_token
+
+    server = EngineServer(str(tiny_model_dir), port=0, device="cpu", threads=1, api_key=TOKEN)
+    server.start()
+    try:
+        set_process_token("another-run-token")
+        with pytest.raises(EngineRequestError, match="401.*wrong bearer token"):
+            asyncio.run(attach_external(server.url))
+        set_process_token(TOKEN)
+        assert "model_path" in asyncio.run(attach_external(server.url))
+    finally:
+        set_process_token(None)
+        server.stop()
+
+
 def test_weight_receiver_routes_ask_for_the_token(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
