@@ -31,6 +31,16 @@ from relax.models.multimodal_model import banned_token_ids, mask_media_logits, m
 
 logger = logging.getLogger(__name__)
 
+# On a GPU a micro-batch's sequence length is rounded up to a multiple of this: bf16 tensor-core tiles
+# want it, and inductor specializes the compiled decoder layers (`trainer.compile_layers`) on whether
+# the length is 8-aligned, so ragged lengths would compile every layer graph twice.
+CUDA_SEQ_MULTIPLE = 8
+
+
+def seq_multiple(device: torch.device) -> int:
+    """The multiple that sequence lengths on `device` are padded to (`CUDA_SEQ_MULTIPLE` on a GPU)."""
+    return CUDA_SEQ_MULTIPLE if device.type == "cuda" else 1
+
 
 @dataclass
 class MicroBatch:
@@ -65,7 +75,8 @@ def build_micro_batch(
     if right and media:
         raise ValueError("rows with media run left-padded with a mask (their mrope positions need it)")
     lens = torch.tensor([len(s) for s in seqs])
-    L = int(lens.max())
+    multiple = seq_multiple(device)
+    L = -(-int(lens.max()) // multiple) * multiple  # padding columns carry no mask and no positions read
     cols = torch.arange(L)[None, :]
     real = (cols < lens[:, None]) if right else (cols >= (L - lens)[:, None])  # [B, L]
     input_ids = torch.zeros(len(seqs), L, dtype=torch.long)
@@ -147,7 +158,9 @@ def policy_forward(
         seq_lens = mb.seq_lens if mb.seq_lens is not None else mb.attention_mask.sum(-1).cpu()
         if not mb.media and should_pack(model, seq_lens.tolist(), pack):
             ids_N = mb.input_ids[mb.attention_mask.bool()]  # row by row: the sequences one after another
-            states, targets, rows_M, cols_M = packed_response_states(model, ids_N, seq_lens, mb.response_lens)
+            states, targets, rows_M, cols_M = packed_response_states(
+                model, ids_N, seq_lens, mb.response_lens, multiple=seq_multiple(ids_N.device)
+            )
             logp_M, ent_M = lp.token_logprobs(
                 states, head.weight, targets, with_entropy=with_entropy, banned=banned_token_ids(model)
             )

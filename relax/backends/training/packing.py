@@ -39,18 +39,23 @@ def should_pack(model: nn.Module, seq_lens: list[int], mode: str) -> bool:
 
 
 def packed_response_states(
-    model: nn.Module, ids_N: Tensor, seq_lens_B: Tensor, response_lens_B: Tensor
+    model: nn.Module, ids_N: Tensor, seq_lens_B: Tensor, response_lens_B: Tensor, multiple: int = 1
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Forward B sequences packed into one row and pick out their response positions.
 
     ids_N: the B sequences' tokens (prompt then response) one after another, on the model's device;
     seq_lens_B and response_lens_B (cpu). Returns the hidden states that predict the response tokens
     [M, H] (M = sum of response lengths), the tokens they predict [M], and the (row, column) of each in
-    a [B, T] response block."""
+    a [B, T] response block. `multiple`: the row is padded to a multiple of it with one more sequence
+    of padding tokens (positions from 0, so it attends only to itself and no response reads it)."""
     device = ids_N.device
     ends_B = seq_lens_B.cumsum(0)
     starts_N = torch.repeat_interleave(ends_B - seq_lens_B, seq_lens_B)
     pos_N = torch.arange(int(ends_B[-1])) - starts_N  # 0.. within each sequence
+    pad = -int(ends_B[-1]) % multiple
+    if pad:
+        ids_N = torch.cat([ids_N, ids_N.new_zeros(pad)])
+        pos_N = torch.cat([pos_N, torch.arange(pad)])
     rows_M, cols_M = ragged_index(response_lens_B)
     at_M = (ends_B[rows_M] - response_lens_B[rows_M] + cols_M - 1).to(device)  # predicts token at_M + 1
     hidden_NH = decoder_hidden(model, input_ids=ids_N[None], position_ids=pos_N.to(device)[None])[0]

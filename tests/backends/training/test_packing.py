@@ -96,6 +96,43 @@ def test_critic_values_agree_in_both_layouts(model):
     torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["left", "right", "packed"])
+def test_lengths_rounded_to_the_gpu_multiple_change_nothing(model, monkeypatch, layout):
+    """On a GPU sequence lengths are padded to a multiple of 8 (`forward.CUDA_SEQ_MULTIPLE`): the extra
+    columns (padded layouts) or the extra padding sequence (packed row) change no output or gradient."""
+    batch = make_batch(n=6, seed=8)
+    idx = [0, 1, 2, 4, 5]
+    lens = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in idx]
+    assert max(lens) % 8 and sum(lens) % 8  # the batch does need padding, in both layouts
+    right, pack = layout != "left", "on" if layout == "packed" else "off"
+    out = {}
+    for multiple in (1, 8):
+        monkeypatch.setattr(fw, "seq_multiple", lambda device, m=multiple: m)
+        mb = fw.build_micro_batch(batch, idx, torch.device("cpu"), right=right)
+        assert mb.input_ids.size(1) == -(-max(lens) // multiple) * multiple
+        logp, ent = fw.policy_forward(model, mb, with_entropy=True, pack=pack)
+        weights = torch.linspace(-1, 1, logp.numel()).view_as(logp)
+        out[multiple] = (logp.detach(), ent.detach(), _grads(model, (logp * weights).sum() + 0.1 * ent.sum()))
+    torch.testing.assert_close(out[8][0], out[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[8][1], out[1][1], atol=1e-5, rtol=1e-5)
+    for name, g in out[1][2].items():
+        torch.testing.assert_close(out[8][2][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_row_padded_to_the_multiple(model, monkeypatch):
+    """The packed row itself reaches the model at a multiple of 8 tokens."""
+    from relax.backends.training import packing
+
+    seen = []
+    real = packing.decoder_hidden
+    monkeypatch.setattr(
+        packing, "decoder_hidden", lambda m, **kw: seen.append(kw["input_ids"].shape) or real(m, **kw)
+    )
+    ids = torch.arange(1, 12)
+    packing.packed_response_states(model, ids, torch.tensor([5, 6]), torch.tensor([2, 3]), multiple=8)
+    assert seen == [torch.Size([1, 16])]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: SDPA's flash kernel in bf16")
 def test_right_padded_flash_path_matches_masked_path_on_a_gpu(model):
     """On a GPU the mask-free layout runs SDPA's flash kernel, the masked one another kernel: in bf16 the
