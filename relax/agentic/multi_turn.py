@@ -69,7 +69,8 @@ class MultiTurnRollout:
         )
         if len(ids) > d.max_prompt_len:
             raise ValueError(
-                f"prompt of row {row.index} has {len(ids)} tokens with its tools > data.max_prompt_len="
+                f"{row.where or f'row {row.index}'}: prompt has {len(ids)} tokens with its tools > "
+                f"data.max_prompt_len="
                 f"{d.max_prompt_len}; raise data.max_prompt_len or set rollout.agent.tools_in_prompt=false"
             )
         return ids

@@ -61,5 +61,15 @@ class DataConfig(Section):
     apply_chat_template: bool = Field(True, description="Wrap prompts in the tokenizer's chat template.")
     system_prompt: str | None = Field(None, description="System message prepended when templating.")
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by run.seed).")
-    max_prompt_len: int = Field(1024, gt=0, description="Prompts longer than this (tokens) are an error.")
+    max_prompt_len: int = Field(
+        1024, gt=0, description="Longest prompt in tokens (chat template included); see overlong_prompts."
+    )
+    overlong_prompts: Literal["drop", "error"] = Field(
+        "drop",
+        description="Prompts longer than max_prompt_len, found when the data loads: `drop` trains without "
+        "them (a warning names their file and line, the count is the data/dropped_overlong metric), "
+        "`error` refuses the data before the run starts. Default drop: a few outliers of a large data set "
+        "should not cost a run, and the warning and metric keep them visible (verl's "
+        "filter_overlong_prompts). Rows with media are checked when processed (an error).",
+    )
     media: MediaConfig = Field(default_factory=MediaConfig, description="Images, videos and audio of rows.")

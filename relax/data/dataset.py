@@ -35,7 +35,7 @@ class DataError(ValueError):
 class PromptRow:
     """One prompt of the data set, before tokenization."""
 
-    index: int  # 0-based position of the row in the file
+    index: int  # 0-based position of the row in its data set (the files in order): unique, a cache key
     prompt: str | list[dict[str, Any]]  # text, or chat messages [{role, content}, ...]
     label: Any = None  # reference answer for the reward (any JSON value)
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form row metadata
@@ -77,9 +77,11 @@ def load_prompts(
 
 
 def load_prompt_files(files: list[str], data: DataConfig) -> list[PromptRow]:
-    """Rows of several prompt files, read with the key names and media keys of the `data` config."""
+    """Rows of several prompt files, read with the key names and media keys of the `data` config; row
+    indices run on across the files, so each row's is unique."""
     rows: list[PromptRow] = []
     for f in files:
+        start = len(rows)
         rows += load_prompts(
             f,
             prompt_key=data.prompt_key,
@@ -88,6 +90,8 @@ def load_prompt_files(files: list[str], data: DataConfig) -> list[PromptRow]:
             metadata_key=data.metadata_key,
             media_keys=data.media.keys(),
         )
+        for row in rows[start:]:
+            row.index += start
     return rows
 
 
@@ -108,7 +112,9 @@ def _missing_message(path: Path) -> str:
 def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
     """("line N", parsed value) for every non-blank line; N is 1-based."""
     records = []
-    with path.open(encoding="utf-8") as f:
+    # utf-8-sig: files saved by Windows tools (and pandas' to_json with that encoding) start with a
+    # byte-order mark, which json.loads refuses; plain UTF-8 files read the same.
+    with path.open(encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -44,21 +44,31 @@ def check_local(cfg: RelaxConfig) -> None:
 
 def check_data(cfg: RelaxConfig) -> None:
     """Every row of the training and eval files parses, selects (`metadata.<reward.per_row_key>`) only a
-    reward the config allows, and has a label where its reward compares with one. The error names the
+    reward the config allows, and has a label where its reward compares with one; prompts longer than
+    `data.max_prompt_len` are refused or warned about (`data.overlong_prompts`). The error names the
     file and line."""
     from relax.data.dataset import DataError, load_prompt_files
+    from relax.data.overlong import apply_overlong_policy, dropped_message
     from relax.rewards.registry import allowed_rewards, check_row_reward, resolve_reward
 
     sets = [("data.train_files", cfg.data.train_files, cfg.reward)]
     sets += [(f"eval.sets[{es.name}]", es.files, es.reward or cfg.reward) for es in cfg.eval.sets]
+    tokenizer = None
     for key, files, reward in sets:
         try:
             rows = load_prompt_files(files, cfg.data)
         except DataError as e:
             raise PreflightError(f"{key}: {e}") from None
+        tokenizer = tokenizer or _tokenizer(cfg)
+        try:
+            kept, dropped = apply_overlong_policy(rows, tokenizer, cfg.data, key)
+        except DataError as e:
+            raise PreflightError(str(e)) from None
+        if dropped:  # the one warning; the roles that load the rows drop them again, quietly
+            logger.warning(dropped_message(dropped, len(rows), cfg.data, key))
         allowed = allowed_rewards(reward.name, reward.type_kwargs)
         unlabelled: dict[str, list[str]] = {}
-        for row in rows:
+        for row in kept:  # dropped rows are never scored
             chosen = row.metadata.get(reward.per_row_key) if reward.per_row_key else None
             rm_type = str(chosen) if chosen else reward.name
             try:
@@ -73,6 +83,19 @@ def check_data(cfg: RelaxConfig) -> None:
                 f"{rm_type!r} compares the response with it; the first is {where[0]}. Label the rows, point "
                 "data.label_key at the field that holds the answer, or choose a reward that needs none"
             )
+
+
+def _tokenizer(cfg: RelaxConfig) -> Any:
+    """The policy's tokenizer, as the Rollout role loads it, to measure prompts before the start."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(cfg.model.path)
+    except Exception as e:  # transformers raises OSError, ValueError, ... for a folder it cannot use
+        raise PreflightError(
+            f"model.path = {cfg.model.path}: cannot load its tokenizer to measure the prompts ({e}); "
+            "the folder needs the tokenizer files (tokenizer.json or the model's own)"
+        ) from e
 
 
 def _probe_node(paths: list[ConfigPath], run_dir: str, token: str) -> dict[str, Any]:

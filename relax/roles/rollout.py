@@ -20,7 +20,8 @@ from relax.agentic.rollout import agent_factory
 from relax.config import RelaxConfig
 from relax.config.modes import groups_per_put
 from relax.data.columns import partition_name
-from relax.data.dataset import PromptSource, load_prompt_files
+from relax.data.dataset import PromptSource
+from relax.data.overlong import DROPPED_METRIC, load_checked
 from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
 from relax.dataplane.plane import DataPlane, PlaneClient, RowWriter
@@ -49,9 +50,13 @@ class RolloutRole(PlaneClient):
 
         setup_logging()
         self.cfg = cfg
-        rows = load_prompt_files(cfg.data.train_files, cfg.data)
-        self.source = PromptSource(rows, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        # overlong prompts are dropped (or refused) here, before the first step, never during one
+        rows, dropped = load_checked(cfg.data.train_files, cfg.data, self.tokenizer, "data.train_files")
+        if dropped:  # the driver's preflight warned, naming them
+            logger.info("dropped %d prompt(s) longer than data.max_prompt_len", len(dropped))
+        self.dropped_overlong = len(dropped)
+        self.source = PromptSource(rows, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
         self.fleet = EngineFleet(cfg)
         self.router = self.fleet.router
         scorer = build_scorer(cfg.reward)
@@ -171,7 +176,11 @@ class RolloutRole(PlaneClient):
             if step not in self.assembler.steps and (self._ahead_task is None or self._ahead_task.done()):
                 raise RuntimeError(f"rollout is not running ahead; step {step} will never be generated")
             await asyncio.sleep(0.01)
-        return self.ledger.collect(step, {"rollout/aborted_requests": float(self.loop.inflight.num_aborted)})
+        extra = {
+            "rollout/aborted_requests": float(self.loop.inflight.num_aborted),
+            DROPPED_METRIC: float(self.dropped_overlong),
+        }
+        return self.ledger.collect(step, extra)
 
     async def check(self) -> None:
         """Raise the background rollout's failure, if it failed."""

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from relax.config.schema import EvalSetConfig, RelaxConfig
-from relax.data.dataset import PromptRow, load_prompt_files
+from relax.data.dataset import PromptRow
+from relax.data.overlong import load_checked
 from relax.rewards import build_scorer
 from relax.rollout.eval_metrics import eval_metrics
 from relax.rollout.loop import RolloutLoop
@@ -66,7 +67,7 @@ class Evaluator:
         self.loop = loop
         self.sets: list[tuple[EvalSetConfig, list[PromptRow], object]] = []
         for es in cfg.eval.sets:
-            rows = load_prompt_files(es.files, cfg.data)
+            rows, _ = load_checked(es.files, cfg.data, loop.tokenizer, f"eval.sets[{es.name}]")
             # Eval rows get their own index space so their prompt-token cache never meets training rows.
             offset = -1_000_000 * (len(self.sets) + 1)
             rows = [dataclasses.replace(r, index=offset - i) for i, r in enumerate(rows)]

@@ -80,8 +80,10 @@ class RolloutLoop:
             d = self.cfg.data
             ids = tokenize_prompt(self.tokenizer, row.prompt, d.apply_chat_template, d.system_prompt)
             if len(ids) > d.max_prompt_len:
+                # data.overlong_prompts removed such rows when the data loaded; this names one that
+                # came another way (a custom agent, rows built in code)
                 raise ValueError(
-                    f"prompt of row {row.index} has {len(ids)} tokens > data.max_prompt_len="
+                    f"{row.where or f'row {row.index}'}: prompt has {len(ids)} tokens > data.max_prompt_len="
                     f"{d.max_prompt_len}; raise data.max_prompt_len or shorten the prompt"
                 )
             self._prompt_cache[row.index] = ids

@@ -8,7 +8,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from relax.data.dataset import DataError, PromptRow, PromptSource, load_prompts, tokenize_prompt
+from relax.data.config import DataConfig
+from relax.data.dataset import (
+    DataError,
+    PromptRow,
+    PromptSource,
+    load_prompt_files,
+    load_prompts,
+    tokenize_prompt,
+)
+from relax.data.overlong import find_overlong, load_checked
 from relax.data.toy import arith_rows, generate_arith
 from relax.models.tokenizer import train_tiny_tokenizer
 
@@ -187,3 +196,96 @@ def test_generate_arith(tmp_path):
     assert [(r.prompt, r.label) for r in rows] == [(x["prompt"], x["label"]) for x in lines[:10]]
     with pytest.raises(ValueError, match="make them agree"):
         generate_arith(tmp_path / "x.parquet", fmt="jsonl")
+
+
+def test_jsonl_with_a_byte_order_mark_loads(tmp_path):
+    """Files saved by Windows tools start with a UTF-8 BOM; the rows read as without it."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in ROWS).encode())
+    assert load_prompts(path) == load_prompts(write_jsonl(tmp_path / "plain.jsonl", ROWS))
+
+
+def test_row_indices_run_on_across_files(tmp_path):
+    """The rollout caches prompt tokens by row index: two files must not share one."""
+    a = write_jsonl(tmp_path / "a.jsonl", ROWS[:2])
+    b = write_jsonl(tmp_path / "b.jsonl", ROWS[2:])
+    rows = load_prompt_files([str(a), str(b)], DataConfig(train_files=[str(a)]))
+    assert [r.index for r in rows] == [0, 1, 2]
+    assert rows[2].where == f"line 1 of {b}"
+
+
+class CountingTokenizer:
+    """The tiny tokenizer, counting how many texts it tokenizes."""
+
+    def __init__(self, tok):
+        self.tok, self.encoded = tok, 0
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self.tok.apply_chat_template(*args, **kwargs)
+
+    def encode(self, text, **kwargs):
+        self.encoded += 1
+        return self.tok.encode(text, **kwargs)
+
+
+def overlong_data(tmp_path):
+    """Twenty short rows with a 10 kB prompt on line 4 and chat messages of 3 kB on line 12."""
+    rows = [{"prompt": f"{i}+1=", "label": str(i + 1)} for i in range(20)]
+    rows[3] = {"prompt": "9" * 10_000, "label": "x"}
+    rows[11] = {"messages": [{"role": "user", "content": "7" * 3_000}], "label": "x"}
+    return write_jsonl(tmp_path / "train.jsonl", rows)
+
+
+def test_overlong_prompts_dropped_and_counted_tokenizing_only_rows_that_may_be_too_long(tmp_path, tok):
+    path = overlong_data(tmp_path)
+    data = DataConfig(train_files=[str(path)], max_prompt_len=256)
+    assert data.overlong_prompts == "drop"
+    counting = CountingTokenizer(tok)
+    kept, dropped = load_checked(data.train_files, data, counting, "data.train_files")
+    assert [(o.row.where, o.tokens) for o in dropped] == [
+        (f"line 4 of {path}", len(tokenize_prompt(tok, "9" * 10_000))),
+        (f"line 12 of {path}", len(tokenize_prompt(tok, [{"role": "user", "content": "7" * 3_000}]))),
+    ]
+    assert [r.index for r in kept] == [i for i in range(20) if i not in (3, 11)]  # the rest is used
+    assert counting.encoded == 2  # the short rows' byte bound cleared them without tokenizing
+
+
+def test_overlong_prompts_error_names_file_line_and_keys(tmp_path, tok):
+    path = overlong_data(tmp_path)
+    data = DataConfig(train_files=[str(path)], max_prompt_len=256, overlong_prompts="error")
+    with pytest.raises(DataError) as err:
+        load_checked(data.train_files, data, tok, "data.train_files")
+    msg = str(err.value)
+    assert msg.startswith("data.train_files: 2 of 20 prompt(s) are longer than data.max_prompt_len=256")
+    assert f"line 4 of {path} (" in msg and f"line 12 of {path} (" in msg
+    assert "data.overlong_prompts=drop" in msg and "raise data.max_prompt_len" in msg
+
+
+def test_nothing_left_after_dropping_is_an_error(tmp_path, tok):
+    path = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "5" * 500}])
+    data = DataConfig(train_files=[str(path)], max_prompt_len=64)
+    with pytest.raises(DataError, match=r"every prompt \(1\) is longer than .* line 1 of"):
+        load_checked(data.train_files, data, tok, "data.train_files")
+
+
+def test_the_byte_bound_never_clears_a_row_that_is_too_long(tok):
+    """Rows of mixed scripts, emoji and chat turns, each within a few tokens of the limit: the rows the
+    bound clears without tokenizing are exactly those that fit."""
+    import random
+
+    rng = random.Random(0)
+    alphabet = 'ab 1+=\n\u00e9\u4e2d\U0001f600<|>{}"'
+    rows = []
+    for i in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        prompt = (
+            text if i % 2 else [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]
+        )
+        rows.append(PromptRow(i, prompt, where=f"line {i + 1}"))
+    for system_prompt in (None, "Be brief."):
+        for limit in (40, 80, 160):
+            data = DataConfig(train_files=["x.jsonl"], max_prompt_len=limit, system_prompt=system_prompt)
+            exact = [
+                r.index for r in rows if len(tokenize_prompt(tok, r.prompt, True, system_prompt)) > limit
+            ]
+            assert exact and [o.row.index for o in find_overlong(rows, tok, data)] == exact

@@ -74,6 +74,28 @@ def test_data_rows_are_checked_before_ray_naming_file_and_line(tmp_path, tiny_mo
         check_local(cfg_for(str(tiny_model_dir), str(data), str(tmp_path)))
 
 
+def test_overlong_prompts_are_refused_or_dropped_before_ray(tmp_path, tiny_model_dir, caplog):
+    """A 1 MB prompt on line 3: with data.overlong_prompts=error the run stops before Ray naming the key,
+    file and line; with drop (the default) it is warned about once, naming them, and the check passes."""
+    import json
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": "1+1=", "label": "2"}, {"prompt": "2+2=", "label": "4"}, {"prompt": "x" * 1_000_000}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(PreflightError) as e:
+        check_local(cfg_for(str(tiny_model_dir), str(data), str(tmp_path), "data.overlong_prompts=error"))
+    msg = str(e.value)
+    assert msg.startswith("data.train_files: 1 of 3 prompt(s) are longer than data.max_prompt_len=1024")
+    assert f"line 3 of {data} (" in msg and "data.overlong_prompts=drop" in msg
+
+    # the dropped row has no label: dropped rows are not checked for the reward they would need
+    with caplog.at_level("WARNING", logger="relax.orchestration.preflight"):
+        check_local(cfg_for(str(tiny_model_dir), str(data), str(tmp_path), "reward.name=exact_match"))
+    warned = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(warned) == 1 and "dropped 1 of 3 prompt(s)" in warned[0] and f"line 3 of {data}" in warned[0]
+    assert "data/dropped_overlong" in warned[0]
+
+
 def test_every_node_checks_the_paths_and_proves_the_run_folder_is_shared(
     ray_cluster, tmp_path, tiny_model_dir, arith_file
 ):
