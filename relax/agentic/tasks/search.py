@@ -96,7 +96,9 @@ def load_index(path: str) -> DocumentIndex:
             f"search index {p} not found; write one with `relax data search --out PROMPTS.jsonl` "
             "and set rollout.agent.env_kwargs.index to its _docs.jsonl file"
         )
-    return DocumentIndex([json.loads(line) for line in p.read_text(encoding="utf-8-sig").splitlines() if line.strip()])
+    return DocumentIndex(
+        [json.loads(line) for line in p.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
+    )
 
 
 def make_env(index: str, timeout_s: float = 10.0, k: int = 2, compact: bool = True) -> ToolEnv:
