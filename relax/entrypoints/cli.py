@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from relax.utils.logging import setup_logging
@@ -230,7 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     fn = getattr(args, "fn", None) or getattr(args, "func", None)
     if fn is None:
         parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "--help"])
-    return int(fn(args) or 0)
+    try:
+        rc = int(fn(args) or 0)
+        sys.stdout.flush()  # a pipe buffers the output: its write happens here, inside the guard
+        return rc
+    except BrokenPipeError:
+        # The reader went away (`relax config --describe | head`): that is the reader's choice, not an
+        # error. Point stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

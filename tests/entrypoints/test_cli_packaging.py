@@ -89,3 +89,15 @@ def test_doctor_names_only_real_extras(capsys):
     assert (
         f"relax       {relax.__version__}" in out and "relax[async]" not in out and "relax[math]" not in out
     )
+
+
+@pytest.mark.parametrize("command", [["config", "--describe"], ["examples", "list"]])
+def test_a_reader_that_closes_the_pipe_gets_no_traceback(command):
+    # The reader is gone before the command writes a byte (as `| head -1` is once it has its line).
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relax", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
