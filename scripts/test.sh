@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q torch==2.13.0 -e '.[test]'
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray token auth stays on: Relax sets it up (docs/cluster.md)
 .venv/bin/ruff check relax tests benchmarks
 .venv/bin/ruff format --check relax tests benchmarks
 set +e

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")  # deploys start sooner (service.py)
 
@@ -30,7 +29,9 @@ def arith_file(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray cluster on 127.0.0.1 for the whole session (started once; roles share it)."""
+    """A local Ray cluster on 127.0.0.1 for the whole session (started once; roles share it), with Ray's
+    token authentication as every cluster Relax starts (relax/orchestration/ray_token.py); processes the
+    tests start inherit its token's path."""
     import ray
 
     from relax.orchestration.service import start_ray

@@ -85,7 +85,9 @@ class Controller:
         preflight.check_local(self.cfg)
         old_handlers = self._install_signal_handlers()  # a stop while starting ends the start too
         r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
-        self._owns_ray = service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus)
+        self._owns_ray = service.start_ray(
+            r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus, secrets_dir=self.run_dir / "secrets"
+        )
         self._install_signal_handlers()  # again: starting Ray's core worker put its own SIGTERM handler in
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
         try:
@@ -146,7 +148,10 @@ class Controller:
     def _start_roles(self, resume_step: int | None) -> None:
         r = self.cfg.resources
         self._owns_ray = (
-            service.start_ray(r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus) or self._owns_ray
+            service.start_ray(
+                r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus, secrets_dir=self.run_dir / "secrets"
+            )
+            or self._owns_ray
         )
         gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
         self._gpu_group = gpus.ensure_gpu_group(self.cfg, gpus.cluster_gpus())

@@ -53,7 +53,10 @@ def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
     from relax.roles.rollout import RolloutRole
 
     owns_ray = service.start_ray(
-        cfg.resources.ray_address, cfg.resources.num_cpus, cfg.resources.object_store_mb
+        cfg.resources.ray_address,
+        cfg.resources.num_cpus,
+        cfg.resources.object_store_mb,
+        secrets_dir=cfg.run.run_dir / "secrets",
     )
     try:
         from relax.orchestration.gpus import cluster_gpus

@@ -18,11 +18,11 @@ logger = logging.getLogger(__name__)
 DEPLOY_TIMEOUT_S = 600.0  # a role not running by then is reported with what it asks for
 DEPLOY_POLL_S = 0.2
 
-# A cluster Relax starts on this machine: every Ray port on loopback (node address 127.0.0.1), so Ray's
-# own token authentication may be off. Never for a cluster Relax joins: its nodes must advertise the
-# addresses the other nodes reach them on, and its auth is the cluster's (docs/cluster.md). The user's
-# own environment wins.
-LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+# A cluster Relax starts on this machine: every Ray port on loopback (node address 127.0.0.1), with Ray's
+# own token authentication (relax/orchestration/ray_token.py: loopback is no boundary on a shared
+# machine). Never for a cluster Relax joins: its nodes must advertise the addresses the other nodes reach
+# them on, and its auth is the cluster's (docs/cluster.md). The user's own environment wins.
+LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def cluster_address(configured: str | None) -> str | None:
@@ -31,12 +31,16 @@ def cluster_address(configured: str | None) -> str | None:
     return configured or os.environ.get("RAY_ADDRESS") or None
 
 
-def set_ray_env_defaults(local: bool = True) -> None:
+def set_ray_env_defaults(local: bool = True, secrets_dir: Any = None) -> None:
     """Set before Ray starts, so every worker it spawns inherits them; `local`: Relax starts the cluster
-    on this machine (loopback only)."""
+    on this machine (loopback only), with Ray's token authentication, its token kept in `secrets_dir`
+    (the run's `secrets/`; None: a private temporary folder)."""
     if local:
+        from relax.orchestration.ray_token import enable_ray_token
+
         for k, v in LOCAL_RAY_ENV.items():
             os.environ.setdefault(k, v)
+        enable_ray_token(secrets_dir)
     # Serve replicas export their cached request metrics every 100 ms by default, a steady cost per idle
     # replica on a small host (docs/measurements.md). Relax's own metrics do not come from there.
     os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
@@ -55,13 +59,20 @@ def set_ray_env_defaults(local: bool = True) -> None:
     os.environ.setdefault("TQ_NUM_THREADS", str(min(8, cores)))
 
 
-def start_ray(address: str | None, num_cpus: int, object_store_mb: int, num_gpus: int | None = None) -> bool:
+def start_ray(
+    address: str | None,
+    num_cpus: int,
+    object_store_mb: int,
+    num_gpus: int | None = None,
+    secrets_dir: Any = None,
+) -> bool:
     """Join the cluster at `address` or `RAY_ADDRESS` (`cluster_address`), or start a local single-node
     Ray bound to 127.0.0.1 with `num_cpus`, `num_gpus` and the object store size (those describe only a
-    cluster Relax starts). Returns whether this call connected (False when Ray was already initialised in
-    this process, e.g. by a test session)."""
+    cluster Relax starts), with Ray's token authentication, the token kept in `secrets_dir`
+    (`set_ray_env_defaults`). Returns whether this call connected (False when Ray was already initialised
+    in this process, e.g. by a test session)."""
     address = cluster_address(address)
-    set_ray_env_defaults(local=address is None)
+    set_ray_env_defaults(local=address is None, secrets_dir=secrets_dir)
     import ray
 
     if ray.is_initialized():

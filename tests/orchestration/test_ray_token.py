@@ -1,0 +1,106 @@
+"""The Ray cluster Relax starts itself asks for Ray's token: a local process without it cannot join.
+
+The cluster is started the way `relax train` starts it (`service.start_ray` with the run's secrets
+folder), in a process of its own whose environment has no Ray auth settings, as a user's shell would;
+strangers then try `ray.init(address=...)` from other processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+START = textwrap.dedent(
+    """
+    import sys
+    import ray
+    from relax.orchestration.service import start_ray
+
+    start_ray(None, num_cpus=1, object_store_mb=80, secrets_dir=sys.argv[1])
+    print("GCS", ray.get_runtime_context().gcs_address, flush=True)
+    sys.stdin.read()  # until the test closes it
+    ray.shutdown()
+    """
+)
+
+JOIN = textwrap.dedent(
+    """
+    import sys
+    import ray
+
+    try:
+        ray.init(address=sys.argv[1], log_to_driver=False)
+        print("JOINED", ray.get(ray.remote(lambda: 41 + 1).remote()), flush=True)
+    except Exception as e:
+        print("REFUSED", type(e).__name__, e, flush=True)
+    """
+)
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    """A clean environment: no Ray auth settings or address inherited from the test session, a HOME of
+    its own (no ~/.ray/auth_token)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env.update(HOME=str(home), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **extra)
+    return env
+
+
+def _join(address: str, home: Path, **extra: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", JOIN, address],
+        env=_env(home, **extra),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(("JOINED", "REFUSED"))]
+    assert lines, done.stdout[-2000:] + done.stderr[-3000:]
+    return lines[-1]
+
+
+def test_a_process_without_the_token_cannot_join_the_cluster_relax_started(tmp_path):
+    secrets = tmp_path / "run" / "secrets"
+    owner, stranger = tmp_path / "owner", tmp_path / "stranger"
+    owner.mkdir()
+    stranger.mkdir()
+    log = tmp_path / "start.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", START, str(secrets)],
+            env=_env(owner),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=fh,
+            text=True,
+        )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("GCS "), line + log.read_text()[-3000:]
+        address = line.split()[1]
+
+        token_file = secrets / "ray_token"
+        token = token_file.read_text().strip()
+        assert len(token) == 64 and token_file.stat().st_mode & 0o077 == 0, oct(token_file.stat().st_mode)
+
+        for extra in ({}, {"RAY_AUTH_MODE": "token"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}):
+            # Ray's defaults (no token sent), token mode with no token to send, a wrong token; the GCS
+            # refuses them (Ray's client says ConnectionError or AuthenticationError), the join with the
+            # token below shows the cluster was up meanwhile
+            refused = _join(address, stranger, **extra)
+            assert refused.startswith("REFUSED"), (extra, refused)
+        joined = _join(address, stranger, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+        assert joined == "JOINED 42"
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert token not in log.read_text()
