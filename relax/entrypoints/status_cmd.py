@@ -62,6 +62,11 @@ def collect(run_dir: Path, timeout_s: float = 5.0) -> dict[str, Any]:
         out["num_steps"] = cfg["trainer"]["num_steps"]
     except (OSError, KeyError, TypeError, ValueError):
         pass
+    # The last step logged is the last step of the config: the run is over, and its engines with it, so
+    # there is no API to ask (asking would only time out).
+    out["finished"] = bool(out["num_steps"] and out["step"] is not None and out["step"] >= out["num_steps"])
+    if out["finished"]:
+        return out
     try:
         url = json.loads((run_dir / "endpoints.json").read_text())["elastic_api"]
     except (OSError, KeyError, ValueError):
@@ -78,9 +83,16 @@ def collect(run_dir: Path, timeout_s: float = 5.0) -> dict[str, Any]:
         out["operation"] = ops[-1] if ops else None
     except httpx.HTTPError as e:
         out["api_error"] = (
-            f"elastic API at {url} did not answer ({type(e).__name__}); is the run still going?"
+            f"elastic API at {url} did not answer ({type(e).__name__}): the run has stopped"
+            f"{_where(out)}, or its Rollout role is being restarted"
         )
     return out
+
+
+def _where(s: dict[str, Any]) -> str:
+    if s["step"] is None:
+        return " before its first step"
+    return f" at step {s['step']}" + (f" of {s['num_steps']}" if s.get("num_steps") else "")
 
 
 def render(s: dict[str, Any]) -> str:
@@ -97,6 +109,9 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"reward    {reward:.4f}" if isinstance(reward, (int, float)) else "reward    -")
         if s.get("weight_version") is not None:
             lines.append(f"weights   v{s['weight_version']}")
+    if s.get("finished"):
+        lines.append(f"state     finished: all {s['num_steps']} steps done")
+        return "\n".join(lines)
     if "api_error" in s:
         lines.append(f"engines   unknown: {s['api_error']}")
         return "\n".join(lines)

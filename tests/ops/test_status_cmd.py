@@ -8,7 +8,7 @@ from relax.entrypoints.cli import main
 from relax.utils.net import free_port
 
 
-def test_status_of_a_finished_run(tmp_path, capsys):
+def test_status_of_a_stopped_run(tmp_path, capsys):
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.yaml").write_text("trainer:\n  num_steps: 50\n")
@@ -22,11 +22,28 @@ def test_status_of_a_finished_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step      2 / 50" in out  # the torn last line of a killed run is skipped
     assert "reward    0.2500" in out and "weights   v2" in out
-    assert "did not answer" in out and "still going" in out
+    assert "did not answer" in out and "the run has stopped at step 2 of 50" in out
+    assert "finished" not in out
 
     assert main(["status", str(run), "--json", "--timeout", "2"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["step"] == 2 and data["reward"] == 0.25 and "api_error" in data
+
+
+def test_status_of_a_finished_run_says_so_without_asking_its_api(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("trainer:\n  num_steps: 2\n")
+    rows = [{"step": 1, "rollout/reward_mean": 0.125}, {"step": 2, "rollout/reward_mean": 0.25}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "endpoints.json").write_text(json.dumps({"elastic_api": f"http://127.0.0.1:{free_port()}"}))
+    assert main(["status", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "step      2 / 2" in out and "state     finished: all 2 steps done" in out
+    assert "did not answer" not in out and "still going" not in out
+    assert main(["status", str(run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["finished"] is True and "api_error" not in data
 
 
 def test_status_without_a_run_folder(tmp_path, capsys):
