@@ -206,6 +206,7 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         seed=0,
         cuda_graphs=not args.no_cuda_graphs,
         overlap=False if args.no_overlap else None,
+        enable_prefix_cache=not args.no_prefix_cache,
     ).start()
     freeze_startup_objects()  # as a serving process does (relax engine serve, the engine's Ray actor)
     if args.sdpa_decode and engine.runner.lean is not None:
@@ -217,6 +218,7 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         futures = [engine.submit(p, {**params, "max_new_tokens": 2}) for p in prompts]
         [f.result() for f in futures]  # warm-up at full batch (CUDA graphs, allocator)
         for timed in (False, True):  # the workload once untimed (as generate gets it), then timed
+            engine.flush_cache()  # cold, as after the weight update that starts every RL step
             sync(args.device)
             if timeline is not None:
                 timeline.recording = timed
@@ -319,6 +321,7 @@ def main() -> None:
     ap.add_argument(
         "--sdpa-decode", action="store_true", help="Decode attention by SDPA, not the Triton kernel."
     )
+    ap.add_argument("--no-prefix-cache", action="store_true", help="Turn the engine's prefix cache off.")
     ap.add_argument("--no-overlap", action="store_true", help="Read each decode step back before the next.")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="Run the engine's decode steps eagerly.")
     args = ap.parse_args()

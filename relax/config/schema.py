@@ -160,6 +160,11 @@ class RolloutConfig(Section):
     engine_urls: list[str] = Field(default_factory=list, description="Engine base URLs (external mode).")
     engine_max_running: int = Field(256, gt=0, description="Max concurrently decoded requests per engine.")
     engine_threads: int = Field(2, gt=0, description="torch intra-op threads of each embedded engine (CPU).")
+    engine_prefix_cache: bool = Field(
+        True,
+        description="Embedded engines reuse the KV of prompt prefixes across requests (GRPO groups sent "
+        "apart, agent turns, shared system prompts); emptied by every weight update.",
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="Timeout of one /generate call.")
     partial_rollout: bool = Field(
         False,

@@ -51,6 +51,12 @@ def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present).")
     serve.add_argument("--max-running", type=int, default=64, help="Max sequences decoded together.")
     serve.add_argument("--max-total-tokens", type=int, default=262144, help="KV cache budget in tokens.")
+    serve.add_argument(
+        "--disable-prefix-cache",
+        "--disable-radix-cache",  # SGLang's name for it
+        action="store_true",
+        help="Do not reuse the KV of prompt prefixes across requests (the prefix cache).",
+    )
     serve.add_argument("--max-context-len", type=int, default=None, help="Cap on prompt + output tokens.")
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU).")
     serve.add_argument("--seed", type=int, default=None, help="Seed of requests without a sampling_seed.")
@@ -82,6 +88,7 @@ def serve_command(args: argparse.Namespace) -> int:
         device=args.device,
         max_running=args.max_running,
         max_total_tokens=args.max_total_tokens,
+        enable_prefix_cache=not args.disable_prefix_cache,
         max_context_len=args.max_context_len,
         threads=args.threads,
         seed=args.seed,

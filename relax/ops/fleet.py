@@ -28,6 +28,7 @@ def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
         "dtype": cfg.model.dtype,
         "max_running": cfg.rollout.engine_max_running,
         "threads": cfg.rollout.engine_threads,
+        "enable_prefix_cache": cfg.rollout.engine_prefix_cache,
         "seed": cfg.run.seed,
     }
 

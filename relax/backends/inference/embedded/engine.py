@@ -55,6 +55,10 @@ class EngineMetrics:
     requests_total: int
     weight_version: str
     paused: bool
+    cache_hit_rate: float = 0.0  # prompt tokens served by the prefix cache / prompt tokens looked up
+    prefill_tokens_computed: int = 0  # prompt tokens prefilled (once per prompt, not per sample)
+    prefill_tokens_submitted: int = 0  # prompt tokens admitted (likewise)
+    prefix_cache_tokens: int = 0  # tokens held by the prefix cache
 
     @property
     def kv_usage(self) -> float:
@@ -80,12 +84,15 @@ class EmbeddedEngine:
         overlap: bool | None = None,
         max_n: int | None = None,
         weight_join_timeout_s: float = 120.0,
+        enable_prefix_cache: bool = True,
     ) -> None:
         """`overlap`: launch each decode step before the host reads the last one back (`scheduler.py`;
         None: on CUDA, where it hides the host's per-step work behind the GPU's). `max_n`: the most
         samples one request may ask for (None: `max_running`; never above it).
         `weight_join_timeout_s`: a weight-sync group whose rendezvous does not complete this long after
-        `/init_weights_update_group` fails the join (an unreachable trainer never holds the engine)."""
+        `/init_weights_update_group` fails the join (an unreachable trainer never holds the engine).
+        `enable_prefix_cache`: reuse the KV of prompt prefixes across requests (`prefix_cache.py`; emptied
+        by every weight update and by `flush_cache`)."""
         self.weight_join_timeout_s = weight_join_timeout_s
         if threads:
             torch.set_num_threads(threads)
@@ -108,6 +115,7 @@ class EmbeddedEngine:
             max_prefill_tokens=max_prefill_tokens,
             seed=seed if seed is not None else secrets.randbits(62),  # the stream of unseeded requests
             overlap=overlap,
+            prefix_cache=enable_prefix_cache,
         )
         # A lone request is always admitted, whatever its size, so `n` above the batch would allocate
         # KV rows past `max_running`: refused up front instead.
@@ -324,6 +332,12 @@ class EmbeddedEngine:
             raise ValueError(
                 f"logit_bias names token ids outside the vocabulary [0, {self.runner.vocab_size}): {bad[:5]}"
             )
+        bad = [t for t in params.stop_token_ids or [] if not 0 <= t < self.runner.vocab_size]
+        if bad:  # such a token can never be sampled: the request would silently never stop on it
+            raise ValueError(
+                f"stop_token_ids holds token ids outside the vocabulary of {self.runner.vocab_size} tokens "
+                f"[0, {self.runner.vocab_size}): {bad[:5]}"
+            )
         if multimodal_inputs:
             self.runner.check_multimodal(input_ids, multimodal_inputs)
 
@@ -374,7 +388,9 @@ class EmbeddedEngine:
         logger.debug("generation continued")
 
     def flush_cache(self) -> bool:
-        """Nothing is cached across requests (no prefix cache), so there is nothing to flush."""
+        """Empty the prefix cache (between two steps). Unlike SGLang it need not wait for an idle engine:
+        no running request reads the cache's memory (`prefix_cache.py`)."""
+        self._call(self.scheduler.flush_prefix)
         return True
 
     # -- weights --------------------------------------------------------------------------------
@@ -398,6 +414,7 @@ class EmbeddedEngine:
         def load() -> int:
             old = self.runner.weight_version
             n = self.runner.load_weights(items, weight_version, refresh=refresh)
+            self.scheduler.flush_prefix()  # any change of weights, even under the same version name
             if self.runner.weight_version != old:  # requests kept through the update record it
                 self.scheduler.note_version(old, self.runner.weight_version)
             return n
@@ -503,6 +520,7 @@ class EmbeddedEngine:
         now = time.monotonic()
         recent = [(t, n) for t, n in list(self._recent) if t >= now - 5.0]
         span = max(now - recent[0][0], 1e-3) if recent else 1.0
+        prefix = self.scheduler.prefix
         return EngineMetrics(
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting(),
@@ -514,4 +532,8 @@ class EmbeddedEngine:
             requests_total=self._totals["requests"],
             weight_version=self.weight_version,
             paused=self.paused,
+            cache_hit_rate=prefix.hit_rate() if prefix is not None else 0.0,
+            prefill_tokens_computed=self.scheduler.prefill_computed,
+            prefill_tokens_submitted=self.scheduler.prefill_submitted,
+            prefix_cache_tokens=prefix.tokens if prefix is not None else 0,
         )

@@ -10,7 +10,9 @@ and output alike) at column t, so
 * sequences that leave the batch are replaced by running rows from its end (`move`: the rows of every
   layer copied in one gather and one scatter over the store, the batch stays dense in slots 0..B-1; per
   buffer it had been 2 x 2 x layers indexing ops, ~5 ms of host time when half of a 256-row batch left);
-* n samples of one prompt share its prefill by copying the slot (`copy`).
+* n samples of one prompt share its prefill by copying the slot (`copy`);
+* a prompt that continues a cached prefix (`prefix_cache.py`, copied into its slot) writes its other
+  tokens at their own columns and attends over the slot (`for_prefill` with columns).
 
 The buffers grow (doubling, with one copy) when the batch needs more slots or columns than allocated,
 so memory follows the largest batch actually run, up to `max_running` x the longest reservation.
@@ -48,7 +50,8 @@ class SlotKVCache:
         self._rows: Tensor | None = None  # slots written by the next forward, [B]
         self._arange: Tensor | None = None  # 0..S-1, the rows of a decode step
         self._pos_B: Tensor | None = None  # decode: column written per row, [B]
-        self._length = 0  # decode: columns attended, L
+        self._length = 0  # decode: columns attended, L; a prefill past a cached prefix: keys returned
+        self._cols: Tensor | None = None  # a prefill past a cached prefix: column of each token, [N, T]
         self._prefill = False
 
     # -- allocation ----------------------------------------------------------------------------
@@ -96,9 +99,11 @@ class SlotKVCache:
         store[:, :, dst, :, :length] = store[:, :, src, :, :length]
 
     # -- what the next forward writes ----------------------------------------------------------
-    def for_prefill(self, rows: Tensor) -> SlotKVCache:
-        """The next forward is a prefill of len(rows) right-padded prompts into slots `rows`."""
-        self._prefill, self._rows = True, rows
+    def for_prefill(self, rows: Tensor, cols_NT: Tensor | None = None, length: int = 0) -> SlotKVCache:
+        """The next forward is a prefill of len(rows) right-padded prompts into slots `rows`. With
+        `cols_NT`, the prompts continue prefixes already in their slots (`prefix_cache.py`): token t of
+        prompt n goes to column cols_NT[n, t], and attention sees the first `length` columns of the slot."""
+        self._prefill, self._rows, self._cols, self._length = True, rows, cols_NT, length
         return self
 
     def for_decode(self, pos_B: Tensor, length: int, rows_B: Tensor | None = None) -> SlotKVCache:
@@ -128,6 +133,11 @@ class SlotKVCache:
     ) -> tuple[Tensor, Tensor]:
         """Called by every attention layer: store the new keys/values, return what to attend over."""
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        if self._prefill and self._cols is not None:  # after a cached prefix: attend over the slot
+            rows, L = self._rows, self._length
+            k_buf[rows[:, None], :, self._cols] = key_states.transpose(1, 2)  # [N, T, H_kv, D]
+            v_buf[rows[:, None], :, self._cols] = value_states.transpose(1, 2)
+            return k_buf[rows, :, :L], v_buf[rows, :, :L]
         if self._prefill:
             T = key_states.shape[2]
             k_buf[self._rows, :, :T] = key_states

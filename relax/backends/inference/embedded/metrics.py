@@ -45,6 +45,17 @@ class EngineCollector(Collector):
         yield gauge("sglang:num_used_tokens", "Tokens held in the KV cache.", m.kv_tokens)
         yield gauge("sglang:max_total_num_tokens", "KV cache capacity in tokens.", m.kv_capacity)
         yield gauge("sglang:token_usage", "KV cache usage: tokens held / capacity.", m.kv_usage)
+        yield gauge(
+            "sglang:cache_hit_rate",
+            "Prefix cache hit rate: prompt tokens served from the cache / prompt tokens looked up.",
+            m.cache_hit_rate,
+        )
+        yield counter(
+            "relax:prefill_computed_tokens",
+            "Prompt tokens prefilled (once per prompt).",
+            m.prefill_tokens_computed,
+        )
+        yield gauge("relax:prefix_cache_tokens", "Tokens held by the prefix cache.", m.prefix_cache_tokens)
         yield gauge("relax:engine_paused", "1 while generation is paused.", float(m.paused))
         yield counter("sglang:generation_tokens", "Generated tokens.", m.generated_tokens_total)
         yield counter("sglang:prompt_tokens", "Prompt tokens received (times n).", m.prompt_tokens_total)

@@ -178,6 +178,30 @@ class ModelRunner:
         return self._logits(last_UH)
 
     @torch.inference_mode()
+    def prefill_after(self, suffixes: list[list[int]], slots: list[int], starts: list[int]) -> Tensor:
+        """Prefill of prompts whose first starts[u] tokens already have their KV in slot slots[u] (a
+        prefix-cache hit): suffix u goes to columns starts[u].. and attends over the slot's columns before
+        it and causally over itself. Returns the logits of each suffix's last token [U, V].
+
+        It takes the masked attention path (the slot's earlier columns are keys the suffix did not
+        compute), not the plain causal prefill of `prefill`."""
+        U, T = len(suffixes), max(len(p) for p in suffixes)
+        ids = torch.zeros(U, T, dtype=torch.long)
+        for i, p in enumerate(suffixes):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        start_U = torch.tensor(starts, device=self.device)
+        lens_U = torch.tensor([len(p) for p in suffixes], device=self.device)
+        pos_UT = start_U[:, None] + torch.arange(T, device=self.device)[None, :]  # cache column = position
+        K = max(starts) + T
+        col_K = torch.arange(K, device=self.device)
+        mask = self._mask(col_K[None, None, :] <= pos_UT[:, :, None])  # [U, 1, T, K]; padding sees col 0..
+        rows = torch.tensor(slots, device=self.device)
+        cache = self.cache.for_prefill(rows, pos_UT, K)
+        h = self._hidden(ids.to(self.device), mask, pos_UT, cache)
+        last_UH = h[torch.arange(U, device=self.device), lens_U - 1]
+        return self._logits(last_UH)
+
+    @torch.inference_mode()
     def prefill_multimodal(
         self, prompts: list[list[int]], slots: list[int], inputs: list[dict[str, Tensor] | None]
     ) -> tuple[Tensor, list[int]]:

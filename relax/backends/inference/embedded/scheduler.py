@@ -25,6 +25,14 @@ Rows of constrained requests (a grammar or a logit bias) and of requests that wa
 mask needs the token just sampled) and changes those rows' logits before sampling. A batch without one
 runs exactly as before.
 
+With a prefix cache (`prefix_cache.py`, on unless the engine turns it off; never for multimodal models,
+whose prompt ids do not say what the media were), each admitted prompt first looks up its longest cached
+prefix: the hit's blocks are copied into its slot and only the rest is prefilled (`prefill_after`); the
+prompt's blocks are cached after its prefill, and prompt + output when a sample finishes. The cache holds
+what the running batch's reservations leave of `max_total_tokens` and gives memory back (LRU) at every
+admission, so it never keeps a request out. `prefill_computed` / `prefill_submitted` count prompt tokens
+computed and asked for.
+
 Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
 prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
 is ever preempted) and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts
@@ -43,6 +51,7 @@ import torch
 from torch import Tensor
 
 from relax.backends.inference.embedded.logit_rows import LogitRows
+from relax.backends.inference.embedded.prefix_cache import BLOCK, PrefixCache
 from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.sampling import (
     BatchSampler,
@@ -95,8 +104,10 @@ class Scheduler:
         max_prefill_tokens: int,
         seed: int = 0,
         overlap: bool | None = None,
+        prefix_cache: bool = True,
     ):
-        """`overlap`: launch each decode step before reading the last one back (None: on CUDA)."""
+        """`overlap`: launch each decode step before reading the last one back (None: on CUDA).
+        `prefix_cache`: reuse the KV of prefixes seen before (`prefix_cache.py`; text-only models)."""
         self.runner = runner
         self.max_running = max_running
         self.max_total_tokens = max_total_tokens
@@ -111,6 +122,15 @@ class Scheduler:
         self.batch: DecodeBatch | None = None  # inputs of the next decode step; None: build them anew
         self.overlap = runner.device.type == "cuda" if overlap is None else overlap
         self.inflight: InflightStep | None = None  # the step launched and not yet read back (overlap)
+        self.prefix: PrefixCache | None = None
+        if prefix_cache and not runner.multimodal:
+            c = self.cache
+            self.prefix = PrefixCache(
+                c.num_layers, c.num_kv_heads, c.head_dim, c.dtype, c.device, max_total_tokens
+            )
+        self._stale: set[int] = set()  # id() of running sequences admitted before the last flush
+        self.prefill_computed = 0  # prompt tokens run through a prefill (n samples of a prompt: once)
+        self.prefill_submitted = 0  # prompt tokens admitted (likewise once per prompt)
 
     # -- queue ----------------------------------------------------------------------------------
     def add(self, group: RequestGroup) -> None:
@@ -207,20 +227,31 @@ class Scheduler:
             return 0
         seqs = [s for u in units for s in u]
         base = len(self.running)  # new sequence k goes to slot base + k
-        need = max(self._reserve(s) for s in seqs)
-        self.cache.reserve(base + len(seqs), need, self.max_running)
         firsts, k = [], 0  # slot of each unit's first sequence
         for u in units:
             firsts.append(base + k)
             k += len(u)
         prompts = [u[0].prefill_ids() for u in units]
+        hits = [self.prefix.match(p, len(p) - 1) if self.prefix else [] for p in prompts]
+        starts = [len(h) * BLOCK for h in hits]
+        tail = max((len(p) - st for p, st in zip(prompts, starts, strict=True) if st), default=0)
+        need = max(max(self._reserve(s) for s in seqs), max(starts) + tail)  # + a hit's padded suffix
+        self.cache.reserve(base + len(seqs), need, self.max_running)
+        self.prefill_submitted += sum(len(p) for p in prompts)
+        self.prefill_computed += sum(len(p) - st for p, st in zip(prompts, starts, strict=True))
         if self.runner.multimodal:
             media = [u[0].group.multimodal_inputs for u in units]
             logits_UV, deltas = self.runner.prefill_multimodal(prompts, firsts, media)
             for u, d in zip(units, deltas, strict=True):
                 u[0].group.rope_delta = d
         else:
-            logits_UV = self.runner.prefill(prompts, firsts)
+            logits_UV = self._prefill(prompts, firsts, hits, starts)
+        for s in seqs:
+            self.reserved += self._reserve(s)
+        if self.prefix is not None:  # the batch's reservations first; the cache keeps what is left
+            self.prefix.evict_to(self.max_total_tokens - self.reserved)
+            for p, first in zip(prompts, firsts, strict=True):
+                self.prefix.insert(p, self.cache.store, first, self.max_total_tokens - self.reserved)
         for u, first in zip(units, firsts, strict=True):
             self.cache.copy(first, list(range(first + 1, first + len(u))), len(u[0].prefill_ids()))
         rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
@@ -236,12 +267,52 @@ class Scheduler:
             tokens, logprobs = sample_tokens(firsts_FV, [seqs[k].row for k in fresh], self.generator)
             for k, t, lp, top in zip(fresh, tokens, logprobs, tops, strict=True):
                 seqs[k].append(t, lp, top)
-        for s in seqs:
-            self.running.append(s)
-            self.reserved += self._reserve(s)
+        self.running.extend(seqs)
         self.batch = None
         self._drop_finished()
         return len(fresh)
+
+    def _prefill(
+        self, prompts: list[list[int]], slots: list[int], hits: list[list], starts: list[int]
+    ) -> Tensor:
+        """Prefill text prompts into their slots: the misses in one plain prefill, the prefix-cache hits
+        (their blocks copied into the slot) past their cached prefix in one masked prefill; returns the
+        last-token logits [U, V] in prompt order."""
+        miss = [u for u, st in enumerate(starts) if st == 0]
+        hit = [u for u, st in enumerate(starts) if st > 0]
+        if not hit:
+            return self.runner.prefill(prompts, slots)
+        for u in hit:
+            self.prefix.load(hits[u], self.cache.store, slots[u])
+        parts, order = [], []
+        if miss:
+            parts.append(self.runner.prefill([prompts[u] for u in miss], [slots[u] for u in miss]))
+            order += miss
+        suffixes = [prompts[u][starts[u] :] for u in hit]
+        parts.append(self.runner.prefill_after(suffixes, [slots[u] for u in hit], [starts[u] for u in hit]))
+        order += hit
+        logits_UV = torch.cat(parts) if len(parts) > 1 else parts[0]
+        back = torch.empty(len(order), dtype=torch.long)
+        back[torch.tensor(order)] = torch.arange(len(order))
+        return logits_UV.index_select(0, back.to(logits_UV.device))
+
+    def flush_prefix(self) -> None:
+        """Empty the prefix cache (weights changed, or `/flush_cache`); the sequences running now hold KV
+        of the old weights, so theirs is not cached when they finish."""
+        if self.prefix is not None:
+            self.prefix.clear()
+            self._stale = {id(s) for s in self.running}
+
+    def _cache_finished(self, rows: list[Sequence], finished: list[Sequence]) -> None:
+        """Cache prompt + output of the finished rows still in their slots (before rows move into them)."""
+        slot = {id(s): b for b, s in enumerate(rows)}
+        room = self.max_total_tokens - self.reserved + sum(self._reserve(s) for s in finished)
+        for s in finished:
+            if id(s) in self._stale:
+                self._stale.discard(id(s))
+            elif s.output_ids:  # KV held: prompt + output[:-1]
+                tokens = s.group.prompt + s.output_ids[:-1]
+                self.prefix.insert(tokens, self.cache.store, slot[id(s)], room)
 
     def _decode(self) -> int:
         running = self.running
@@ -332,6 +403,8 @@ class Scheduler:
         if not finished:
             return
         before = list(rows)
+        if self.prefix is not None:
+            self._cache_finished(rows, finished)
         keep = len(rows) - len(finished)
         holes = [b for b in range(keep) if rows[b].finish is not None]
         movers = [b for b in range(keep, len(rows)) if rows[b].finish is None]
@@ -380,6 +453,7 @@ class Scheduler:
         for s in reversed(self.running):
             self.waiting.appendleft([s])
         self.running, self.reserved, self.batch, self.inflight = [], 0, None, None
+        self._stale.clear()  # prefilled again when admitted
         self.cache.release()
         return n
 
@@ -391,3 +465,6 @@ class Scheduler:
                 g.future.set_exception(error)
         self.waiting.clear()
         self.running, self.reserved, self.batch, self.inflight = [], 0, None, None
+        self._stale.clear()
+        if self.prefix is not None:  # the error may have left any slot half written
+            self.prefix.clear()

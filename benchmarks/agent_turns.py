@@ -1,0 +1,121 @@
+"""Multi-turn agent sessions against the embedded engine, with its prefix cache on and off. Not a test.
+
+Every session starts with the same system prompt and a user message of its own; each turn the engine
+answers the whole conversation so far (`--turn-tokens` new tokens, EOS ignored), then a tool observation
+of `--obs-len` random tokens is appended, as an agent's next turn would send it. The sessions advance
+turn by turn together (every session's turn k is submitted at once, as a batch of RL rollouts does).
+Each mode runs the workload once untimed (allocator, CUDA graphs), empties the cache (as the weight
+update before an RL step does), then once timed. Printed per mode: seconds, generated tokens per
+second, prompt tokens prefilled vs submitted, the cache's hit rate; then the throughput ratio. The
+last line printed is one JSON object.
+
+    python benchmarks/agent_turns.py                 # CPU: tiny model, 64 sessions of 4 turns
+    python benchmarks/agent_turns.py --preset qwen2.5-0.5b --device cuda --dtype bfloat16 \
+        --system-len 512 --user-len 128 --turn-tokens 128 --obs-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from relax.backends.inference.embedded.engine import EmbeddedEngine
+
+logger = logging.getLogger("benchmarks.agent_turns")
+
+
+def run_sessions(engine: EmbeddedEngine, args: argparse.Namespace, vocab: int) -> dict:
+    """One pass of the workload; returns its seconds and generated tokens."""
+    rng = random.Random(0)
+    system = [rng.randrange(1, vocab) for _ in range(args.system_len)]
+    convs = [system + [rng.randrange(1, vocab) for _ in range(args.user_len)] for _ in range(args.sessions)]
+    params = {"temperature": 1.0, "ignore_eos": True, "max_new_tokens": args.turn_tokens}
+    generated = 0
+    t0 = time.perf_counter()
+    for _turn in range(args.turns):
+        futures = [engine.submit(c, params) for c in convs]
+        for i, f in enumerate(futures):
+            out = f.result()[0].output_ids
+            generated += len(out)
+            convs[i] = convs[i] + out + [rng.randrange(1, vocab) for _ in range(args.obs_len)]
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return {"seconds": time.perf_counter() - t0, "generated": generated}
+
+
+def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) -> dict:
+    engine = EmbeddedEngine(
+        str(model_dir),
+        device=args.device,
+        dtype=args.dtype,
+        max_running=args.sessions,
+        max_total_tokens=args.max_total_tokens,
+        seed=0,
+        enable_prefix_cache=cache,
+    ).start()
+    try:
+        run_sessions(engine, args, vocab)  # untimed
+        engine.flush_cache()
+        s = engine.scheduler
+        computed, submitted = s.prefill_computed, s.prefill_submitted
+        hits, lookups = (s.prefix.hit_tokens, s.prefix.lookup_tokens) if s.prefix else (0, 0)
+        r = run_sessions(engine, args, vocab)
+        r["prefill_computed"] = s.prefill_computed - computed
+        r["prefill_submitted"] = s.prefill_submitted - submitted
+        if s.prefix is not None:
+            r["hit_rate"] = (s.prefix.hit_tokens - hits) / max(s.prefix.lookup_tokens - lookups, 1)
+    finally:
+        engine.shutdown()
+    r["tok_s"] = r["generated"] / r["seconds"]
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--sessions", type=int, default=64, help="Concurrent agent sessions.")
+    ap.add_argument("--turns", type=int, default=4, help="Model turns per session.")
+    ap.add_argument("--system-len", type=int, default=128, help="Tokens of the shared system prompt.")
+    ap.add_argument("--user-len", type=int, default=32, help="Tokens of each session's first message.")
+    ap.add_argument("--turn-tokens", type=int, default=16, help="New tokens per model turn.")
+    ap.add_argument("--obs-len", type=int, default=16, help="Tokens of each tool observation.")
+    ap.add_argument("--max-total-tokens", type=int, default=262144, help="The engine's KV budget.")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU.")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from engine import write_model  # benchmarks/engine.py, beside this script
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model(args.preset, args.dtype, Path(tmp) / "model")
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        off = bench(model_dir, args, vocab, cache=False)
+        logger.info("prefix cache off: %s", off)
+        on = bench(model_dir, args, vocab, cache=True)
+        logger.info("prefix cache on:  %s", on)
+    result = {
+        "preset": args.preset,
+        "device": args.device,
+        "sessions": args.sessions,
+        "turns": args.turns,
+        "off": off,
+        "on": on,
+        "speedup": round(on["tok_s"] / off["tok_s"], 3),
+        "prefill_saved": round(1 - on["prefill_computed"] / max(on["prefill_submitted"], 1), 3),
+    }
+    print(f"prefix cache: {result['speedup']}x the throughput, hit rate {on.get('hit_rate', 0):.1%}")
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The prefix cache across requests (`prefix_cache.py`): outputs are the same with it as without, a
+request that shares a prefix prefills fewer tokens, a weight update or `/flush_cache` empties it (and
+KV of the old weights is never reused), a small KV budget evicts it and still answers every request."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.backends.inference.embedded.prefix_cache import BLOCK, PrefixCache
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+SYSTEM = list(range(1, 3 * BLOCK + 5))  # a shared "system prompt" of three blocks and a bit
+
+
+def _engine(model_dir, *, cache: bool = True, lean: bool = True, **kw) -> EmbeddedEngine:
+    e = EmbeddedEngine(str(model_dir), device="cpu", dtype="float32", seed=0, enable_prefix_cache=cache, **kw)
+    if not lean:  # the `transformers` forward, which writes the cache through `update`
+        e.runner.lean = None
+    return e.start()
+
+
+def _workload(e: EmbeddedEngine) -> list[list[int]]:
+    """GRPO-like groups sent as separate requests, a shared system prompt, and a multi-turn session."""
+    outs = []
+    prompts = [SYSTEM + [100 + i, 7] for i in range(4)]
+    for p in prompts:  # one at a time: each finds the ones before in the cache
+        outs.append(e.generate(p, GREEDY)[0].output_ids)
+    futures = [e.submit(p, {**GREEDY, "n": 2}) for p in prompts]  # together, n = 2
+    outs += [r.output_ids for f in futures for r in f.result()]
+    seeded = {"max_new_tokens": 10, "temperature": 1.0, "sampling_seed": 3, "ignore_eos": True}
+    outs.append(e.generate(SYSTEM + [9], seeded)[0].output_ids)
+    conversation = SYSTEM + [42]
+    for turn in range(3):  # each turn: the whole conversation so far, then a new user message
+        out = e.generate(conversation, GREEDY)[0].output_ids
+        outs.append(out)
+        conversation = conversation + out + [50 + turn, 51]
+    return outs
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "transformers"])
+def test_outputs_with_the_cache_equal_outputs_without(tiny_model_dir, lean):
+    results = {}
+    for cache in (False, True):
+        e = _engine(tiny_model_dir, cache=cache, lean=lean)
+        try:
+            results[cache] = _workload(e)
+            m = e.metrics()
+        finally:
+            e.shutdown()
+        if cache:
+            assert m.prefill_tokens_computed < m.prefill_tokens_submitted / 2
+            assert m.cache_hit_rate > 0.5
+        else:
+            assert m.prefill_tokens_computed == m.prefill_tokens_submitted and m.cache_hit_rate == 0
+    assert results[True] == results[False]
+
+
+def test_a_shared_prefix_is_not_prefilled_again(tiny_model_dir):
+    e = _engine(tiny_model_dir)
+    try:
+        first = SYSTEM + [300, 301]
+        e.generate(first, GREEDY)
+        before = e.scheduler.prefill_computed
+        second = SYSTEM + [400, 401, 402]
+        e.generate(second, GREEDY)
+        cached = (len(SYSTEM) // BLOCK) * BLOCK
+        assert e.scheduler.prefill_computed - before == len(second) - cached
+        # the same prompt again: every full block before its last token comes from the cache
+        before = e.scheduler.prefill_computed
+        e.generate(second, GREEDY)
+        assert e.scheduler.prefill_computed - before == len(second) - (len(second) - 1) // BLOCK * BLOCK
+    finally:
+        e.shutdown()
+
+
+def _perturbed(tiny_model_dir, out_dir) -> dict[str, torch.Tensor]:
+    """New weights in a model folder of their own (and as tensors)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(out_dir)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_a_weight_update_empties_the_cache_and_old_kv_is_never_reused(tiny_model_dir, tmp_path):
+    new_dir = tmp_path / "new"
+    _perturbed(tiny_model_dir, new_dir)
+    prompt = SYSTEM + [77, 78]
+    fresh = _engine(new_dir)
+    try:
+        want = fresh.generate(prompt, GREEDY)[0].output_ids
+    finally:
+        fresh.shutdown()
+    e = _engine(tiny_model_dir)
+    try:
+        old = e.generate(prompt, GREEDY)[0].output_ids
+        assert e.metrics().prefix_cache_tokens > 0
+        e.update_weights_from_disk(str(new_dir), weight_version="1")
+        assert e.metrics().prefix_cache_tokens == 0
+        before = e.scheduler.prefill_computed
+        got = e.generate(prompt, GREEDY)[0].output_ids
+        assert e.scheduler.prefill_computed - before == len(prompt)  # nothing reused
+        assert got == want and got != old
+    finally:
+        e.shutdown()
+
+
+def test_a_request_running_across_an_update_is_not_cached(tiny_model_dir, tmp_path):
+    new = _perturbed(tiny_model_dir, tmp_path / "new")
+    e = _engine(tiny_model_dir)
+    try:
+        e.step_sleep_s = 0.02
+        future = e.submit(SYSTEM + [5], {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
+        deadline = time.monotonic() + 30
+        while e.metrics().num_running == 0:  # admitted: its prompt is cached under the old weights
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        e.update_weights(new.items(), weight_version="1")  # live, while it decodes
+        assert e.metrics().prefix_cache_tokens == 0
+        future.result(timeout=60)
+        e.step_sleep_s = 0.0
+        assert e.metrics().prefix_cache_tokens == 0  # its KV mixes both versions: not inserted
+    finally:
+        e.shutdown()
+
+
+def test_flush_cache_empties_it_and_metrics_report_the_hit_rate(engine_server):
+    e = engine_server.engine
+    e.generate(SYSTEM + [1], GREEDY)
+    e.generate(SYSTEM + [2], GREEDY)
+    assert e.metrics().prefix_cache_tokens > 0
+    text = httpx.get(engine_server.url + "/metrics", timeout=10).text
+    rate = [line for line in text.splitlines() if line.startswith("sglang:cache_hit_rate")]
+    assert rate and float(rate[0].split()[-1]) > 0
+    assert httpx.post(engine_server.url + "/flush_cache", timeout=10).status_code == 200
+    assert e.metrics().prefix_cache_tokens == 0
+    before = e.scheduler.prefill_computed
+    e.generate(SYSTEM + [3], GREEDY)
+    assert e.scheduler.prefill_computed - before == len(SYSTEM) + 1
+
+
+def test_a_small_budget_evicts_the_cache_and_answers_every_request(tiny_model_dir):
+    budget = 20 * BLOCK
+    kw = {"max_total_tokens": budget, "max_running": 3}
+    # three families sharing two blocks each, then a block and a few tokens of their own
+    prompts = [[i % 3 + 1] * (2 * BLOCK) + [100 + i] * (BLOCK + i % 5) for i in range(15)]
+    results = {}
+    for cache in (False, True):
+        e = _engine(tiny_model_dir, cache=cache, **kw)
+        try:
+            held = []
+            s, step = e.scheduler, e.scheduler.step
+
+            def counted(s=s, step=step, held=held) -> int:  # after each step: cache + reservations
+                n = step()
+                held.append((s.prefix.tokens if s.prefix else 0) + s.reserved)
+                return n
+
+            s.step = counted
+            futures = [e.submit(p, {**GREEDY, "max_new_tokens": 16}) for p in prompts]
+            results[cache] = [f.result(timeout=120)[0].output_ids for f in futures]
+            if cache:
+                assert max(held) <= budget
+                assert e.scheduler.prefill_computed < e.scheduler.prefill_submitted  # it did serve hits
+                assert e.scheduler.prefix.evicted > 0
+        finally:
+            e.shutdown()
+    assert results[True] == results[False]
+
+
+def test_eviction_takes_least_recent_leaves_and_keeps_parents_of_cached_blocks():
+    cache = PrefixCache(1, 1, 2, torch.float32, torch.device("cpu"), max_tokens=64 * BLOCK)
+    store = torch.randn(2, 1, 1, 1, 8 * BLOCK, 2)  # one slot of a SlotKVCache store
+    a = list(range(4 * BLOCK))
+    b = a[: 2 * BLOCK] + [999] * (2 * BLOCK)  # shares a's first two blocks
+    assert cache.insert(a, store, 0, room=10**6) == 4
+    assert cache.insert(b, store, 0, room=10**6) == 2
+    assert cache.tokens == 6 * BLOCK
+    assert len(cache.match(a, len(a) - 1)) == 3  # its last block holds the last token: not matched
+    cache.evict_to(5 * BLOCK)  # a's last block, untouched since a's insert, is the least recent leaf
+    assert len(cache.match(a, len(a))) == 3 and len(cache.match(b, len(b))) == 4
+    cache.evict_to(2 * BLOCK)  # leaves go first, the shared parents last
+    assert len(cache.match(a, len(a))) == 2 and len(cache.match(b, len(b))) == 2
+    out = torch.zeros_like(store)
+    cache.load(cache.match(a, len(a)), out, 0)
+    assert torch.equal(out[..., : 2 * BLOCK, :], store[..., : 2 * BLOCK, :])
+    cache.clear()
+    assert cache.tokens == 0 and cache.match(a, len(a)) == []
