@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relax.config.hub import looks_like_hub_id, resolve_model
+
 if TYPE_CHECKING:
     from relax.config.schema import RelaxConfig
 
@@ -30,19 +32,33 @@ def _abs(path: str, base: Path) -> str:
     return str(p if p.is_absolute() else (base / p).resolve())
 
 
+def _model(path: str, base: Path, revision: str | None, key: str) -> tuple[str, str | None]:
+    """A model folder made absolute, or a Hub id resolved to its snapshot folder and commit
+    (relax.config.hub); the commit is None for a local folder."""
+    if looks_like_hub_id(path):
+        return resolve_model(path, revision, key)
+    return _abs(path, base), None
+
+
 def resolve_paths(cfg: RelaxConfig, base: Path | None = None) -> RelaxConfig:
-    """Make every path of `cfg` absolute against `base` (default: the working folder); returns `cfg`.
-    Paths already absolute are unchanged, so resolving twice changes nothing."""
+    """Make every path of `cfg` absolute against `base` (default: the working folder), and every Hub id a
+    snapshot folder of one commit; returns `cfg`. Paths already absolute are unchanged, so resolving twice
+    changes nothing."""
     base = base or Path.cwd()
     cfg.run.output_dir = _abs(cfg.run.output_dir, base)
-    cfg.model.path = _abs(cfg.model.path, base)
+    revision = cfg.model.revision
+    cfg.model.path, commit = _model(cfg.model.path, base, revision, "model.path")
     if cfg.model.reference_path is not None:
-        cfg.model.reference_path = _abs(cfg.model.reference_path, base)
+        cfg.model.reference_path, _ = _model(cfg.model.reference_path, base, revision, "model.reference_path")
+    if commit is not None:
+        cfg.model.revision = commit  # config.yaml and every role name the commit, not a branch that moves
     cfg.data.train_files = [_abs(f, base) for f in cfg.data.train_files]
     for es in cfg.eval.sets:
         es.files = [_abs(f, base) for f in es.files]
     if cfg.reward.genrm is not None and not cfg.reward.genrm.engine_urls:
-        cfg.reward.genrm.model_path = _abs(cfg.reward.genrm.model_path, base)
+        cfg.reward.genrm.model_path, _ = _model(
+            cfg.reward.genrm.model_path, base, None, "reward.genrm.model_path"
+        )
     agent = cfg.rollout.agent
     if agent.command:  # an agent program given as a relative script runs from the Rollout's own folder
         agent.command = [

@@ -100,8 +100,12 @@ def _tokenizer(cfg: RelaxConfig) -> Any:
 
 def _probe_node(paths: list[ConfigPath], run_dir: str, token: str) -> dict[str, Any]:
     """On one node: the problems with `paths` and the probe file written into the run folder."""
+    from relax.config.hub import ensure_snapshot
     from relax.utils.net import node_ip
 
+    for p in paths:
+        if p.kind == "model":
+            ensure_snapshot(p.path)  # a Hub model: this node's cache gets the driver's commit
     problems = [(p.key, p.path, why) for p in paths if (why := path_problem(p))]
     probe = None
     if not any(key == "run.output_dir" for key, _, _ in problems):

@@ -75,3 +75,21 @@ def test_train_then_resume(ray_cluster, tiny_model_dir, arith_file, tmp_path):
     assert ckpt.latest_checkpoint(run_dir)[0] == 5
     saved = json.loads((ckpt.step_dir(run_dir, 5) / "rollout.json").read_text())
     assert saved["source"]["position"] == 5 * 4  # five steps of four prompts consumed
+
+
+def test_train_a_model_named_by_its_hub_id_offline(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path, monkeypatch
+):
+    """`model.path: org/name` as verl and TRL configs write it, from a Hub cache with the network off."""
+    from huggingface_hub import constants
+
+    from tests.config.test_hub import COMMIT, build_hub_cache
+
+    build_hub_cache(tmp_path / "hub", tiny_model_dir)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cfg = small_config("relax-test/tiny-qwen2", arith_file, tmp_path, steps=2)
+    assert Controller(cfg).run() == 2
+    assert [r["step"] for r in read_metrics(cfg.run.run_dir)] == [1, 2]
+    recorded = (cfg.run.run_dir / "config.yaml").read_text()
+    assert f"revision: {COMMIT}" in recorded and f"snapshots/{COMMIT}" in recorded
