@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from relax.utils.auth import auth_headers
+from relax.utils.auth import engine_headers
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ class EngineClient:
         max_connections: int = 1024,
         api_key: str | None = None,
     ) -> None:
-        """`api_key`: the engine's bearer token; None = this process's run token (relax/utils/auth.py)."""
+        """`api_key`: the engine's bearer token; None = the engine's key derived from this process's run
+        token (`engine_key` in relax/utils/auth.py: an engine never gets the run's token itself)."""
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
@@ -131,7 +132,7 @@ class EngineClient:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
                 timeout=self._timeout(self.timeout_s),
-                headers=auth_headers(self.api_key),
+                headers=engine_headers(self.base_url, self.api_key),
             )
             self._loop = loop
         return self._session

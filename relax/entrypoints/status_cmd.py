@@ -24,6 +24,14 @@ def add_status_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="the run folder (<run.output_dir>/<run.name>)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the elastic API")
+    p.add_argument(
+        "--engine-key",
+        metavar="URL",
+        default=None,
+        help="print the key the run sends to the engine at URL (http://host:port), to start an external "
+        "engine with (RELAX_API_KEY=... relax engine serve, SGLang's --api-key), and exit; the run's "
+        "token comes from RELAX_RUN_TOKEN or RUN_DIR/secrets/run_token",
+    )
     p.set_defaults(func=status_command)
     return p
 
@@ -143,9 +151,28 @@ def render(s: dict[str, Any]) -> str:
 
 def status_command(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
+    if args.engine_key:
+        return print_engine_key(run_dir, args.engine_key)
     if not run_dir.is_dir():
         print(f"relax status: no run folder {run_dir}; pass <run.output_dir>/<run.name>", file=sys.stderr)
         return 2
     summary = collect(run_dir, args.timeout)
     print(json.dumps(summary, indent=1) if args.json else render(summary))
+    return 0
+
+
+def print_engine_key(run_dir: Path, url: str) -> int:
+    """An external engine's key (relax/utils/auth.py: `engine_key`): it opens that engine alone, so the
+    engine's operator never needs the run's token."""
+    from relax.utils.auth import engine_key, read_run_token
+
+    token = read_run_token(run_dir)
+    if token is None:
+        print(
+            f"relax status: no run token: set RELAX_RUN_TOKEN, or pass the run folder holding "
+            f"secrets/run_token (not {run_dir})",
+            file=sys.stderr,
+        )
+        return 2
+    print(engine_key(token, url))
     return 0

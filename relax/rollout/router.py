@@ -54,7 +54,8 @@ class Router:
         max_groups: int = 65536,
         api_key: str | None = None,
     ) -> None:
-        """`api_key`: the engines' bearer token; None = this process's run token (relax/utils/auth.py)."""
+        """`api_key`: the engines' bearer token; None = each engine's own key, derived from this process's
+        run token (relax/utils/auth.py: `engine_key`)."""
         self.timeout_s = timeout_s
         self.api_key = api_key
         self.max_retries = max_retries  # other engines tried after a failure

@@ -10,10 +10,22 @@ The process's token is set once where a process learns it (`set_process_token`: 
 start-up, an engine actor's constructor) and read by every client the process makes
 (`process_token`, `auth_headers`), so no call site passes it along by hand. It never reaches a log, a
 file other than the run's 0600 `secrets/run_token`, or a metric (relax/utils/redact.py masks it).
+
+Engines get a key of their own, never the run's token (`engine_key`, `engine_headers`): an engine may be
+a third party's server (`rollout.engine_urls`, an `external` scale-out, a GenRM judge's URL), and the
+run's token opens the whole run (the elastic API, the agent endpoint, every engine). The key of the
+engine at URL u is HMAC-SHA256(run token, u): it opens that engine alone, any process holding the run's
+token derives it without being told (the Actor's weight push, the Rollout's router, the elastic
+manager), and no client can send the run's token to an engine by mistake, since none sends it at all.
+The servers Relax starts (embedded engines, SGLang servers it launches, weight receivers) accept their
+own key (and the run's token, which derives it anyway); an external engine is started with its key
+(`relax status RUN_DIR --engine-key URL`). Engines Relax starts get no stronger separation than a
+derived key: they run inside the run's Ray cluster, as its owner, where the run's token is readable.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
@@ -48,6 +60,32 @@ def auth_headers(token: str | None = None) -> dict[str, str]:
     """`Authorization` for a request to a Relax server (`token`, else this process's; {} when none)."""
     token = token or process_token()
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def engine_key(token: str, url: str) -> str:
+    """The key of the engine at `url` in the run whose token is `token`: HMAC-SHA256(token, url), hex;
+    `url` as the engine advertises it (`http://host:port`; a trailing slash does not count)."""
+    msg = b"relax-engine " + url.rstrip("/").encode()
+    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def engine_headers(url: str, api_key: str | None = None) -> dict[str, str]:
+    """`Authorization` for a request to the engine at `url`: `api_key` when one is given (an engine with
+    a key of its own), else the engine's key derived from this process's run token ({} without one).
+    Never the run's token itself."""
+    if api_key:
+        return auth_headers(api_key)
+    token = process_token()
+    return auth_headers(engine_key(token, url)) if token else {}
+
+
+def server_tokens(token: str | None, url: Callable[[], str]) -> Callable[[Scope], list[str]] | None:
+    """For `guard(..., alternatives=...)` of a server Relax starts with `token` (the run's, or the key
+    it was given): accept its own engine key too, for the URL it advertises (`url()`, read per request:
+    the port is known once it bound). None without a token (nothing to check)."""
+    if not token:
+        return None
+    return lambda scope: [engine_key(token, url())]
 
 
 def bearer_of(headers: Any) -> str | None:

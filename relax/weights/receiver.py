@@ -25,7 +25,7 @@ from relax.engine_api.protocol import (
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsFromIpcRequest,
 )
-from relax.utils.auth import guard, process_token
+from relax.utils.auth import guard, process_token, server_tokens
 from relax.utils.http_limits import limit_requests
 from relax.utils.tasks import in_daemon_thread
 from relax.weights import ipc as weight_ipc
@@ -151,7 +151,12 @@ class ReceiverServer:
         import uvicorn
 
         self.receiver = receiver
-        app = limit_requests(guard(build_receiver_app(receiver), api_key or process_token()))
+        key = api_key or process_token()
+        self.url: str | None = None
+        # its own engine key too: Relax's clients (the weight publisher) send that (relax/utils/auth.py)
+        app = limit_requests(
+            guard(build_receiver_app(receiver), key, server_tokens(key, lambda: self.url or ""))
+        )
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="weight-receiver", daemon=True)

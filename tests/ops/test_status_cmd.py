@@ -54,3 +54,21 @@ def test_status_without_a_run_folder(tmp_path, capsys):
     assert main(["status", str(empty)]) == 0
     out = capsys.readouterr().out
     assert "no step finished yet" in out and "endpoints.json" in out
+
+
+def test_engine_key_for_an_external_engine(tmp_path, capsys, monkeypatch):
+    """`--engine-key URL`: the key the run sends to that engine (never the run's token itself)."""
+    from relax.utils.auth import engine_key
+    from relax.utils.redact import write_secret_file
+
+    monkeypatch.delenv("RELAX_RUN_TOKEN", raising=False)
+    run = tmp_path / "r"
+    assert main(["status", str(run), "--engine-key", "http://10.0.0.5:30000"]) == 2
+    assert "no run token" in capsys.readouterr().err
+    write_secret_file(run / "secrets" / "run_token", "tok-from-file")
+    assert main(["status", str(run), "--engine-key", "http://10.0.0.5:30000"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == engine_key("tok-from-file", "http://10.0.0.5:30000") and "tok-from-file" not in out
+    monkeypatch.setenv("RELAX_RUN_TOKEN", "tok-from-env")  # before the run exists
+    assert main(["status", str(tmp_path / "later"), "--engine-key", "http://10.0.0.5:30000/"]) == 0
+    assert capsys.readouterr().out.strip() == engine_key("tok-from-env", "http://10.0.0.5:30000")

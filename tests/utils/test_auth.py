@@ -81,8 +81,9 @@ def test_engine_client_sends_the_token(tiny_model_dir):
 
 
 def test_an_external_engine_is_attached_only_with_its_token(tiny_model_dir):
-    """`rollout.engine=external`: attaching checks the engine answers the run's token; an engine started
-    with another key refuses the run before any rollout."""
+    """`rollout.engine=external`: attaching checks the engine answers the key the run derives for it
+    (relax/utils/auth.py: `engine_key`); an engine started for another run refuses it before any
+    rollout."""
     from relax.backends.inference.embedded.server import EngineServer
     from relax.backends.inference.sglang import attach_external
     from relax.engine_api.client import EngineRequestError

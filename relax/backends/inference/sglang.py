@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relax.backends.inference.launcher import ServerProcess, embedded_engine_command, server_url
 from relax.engine_api.client import EngineClient
-from relax.utils.auth import API_KEY_ENV, process_token, set_process_token
+from relax.utils.auth import API_KEY_ENV, engine_key, process_token, set_process_token
 from relax.utils.net import free_port, node_ip
 
 logger = logging.getLogger(__name__)
@@ -66,9 +66,15 @@ def build_launch_command(cfg: SGLangServerConfig, port: int | None = None) -> li
         cmd += ["--context-length", str(cfg.context_length)]
     if cfg.random_seed is not None:
         cmd += ["--random-seed", str(cfg.random_seed)]
-    if token := process_token():  # the run's token: SGLang asks every route but /health for it
-        cmd += ["--api-key", token]
+    if token := process_token():  # SGLang asks every route but /health for the engine's own key
+        cmd += ["--api-key", engine_key(token, advertised_url(cfg, port))]
     return [*cmd, *cfg.extra_args]
+
+
+def advertised_url(cfg: SGLangServerConfig, port: int) -> str:
+    """The URL the server at `port` is known by (clients derive its key from it)."""
+    # reachable from other nodes: advertise this node's address
+    return server_url(node_ip() if cfg.host == "0.0.0.0" else cfg.host, port)
 
 
 def embedded_launch_command(cfg: SGLangServerConfig, port: int | None = None) -> list[str]:
@@ -109,12 +115,12 @@ class SGLangServer:
 
     def start(self) -> str:
         port = self.cfg.port or free_port(self.cfg.host if self.cfg.host != "0.0.0.0" else "127.0.0.1")
-        host = self.cfg.host
-        if host == "0.0.0.0":  # reachable from other nodes: advertise this node's address
-            host = node_ip()
-        token = process_token()  # `relax engine serve` reads it here (SGLang from --api-key)
-        env = {API_KEY_ENV: token} if token else None
-        self.process = ServerProcess(self.launch_command(self.cfg, port), server_url(host, port), env=env)
+        url = advertised_url(self.cfg, port)
+        # the engine's own key, never the run's token: `relax engine serve` reads it here (SGLang from
+        # --api-key)
+        token = process_token()
+        env = {API_KEY_ENV: engine_key(token, url)} if token else None
+        self.process = ServerProcess(self.launch_command(self.cfg, port), url, env=env)
         self.process.start(timeout_s=self.cfg.startup_timeout_s)
         return self.process.url
 

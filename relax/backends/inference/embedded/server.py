@@ -33,7 +33,7 @@ from relax.backends.inference.embedded.http_info import health_router, info_rout
 from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.engine_api.openai.errors import openai_error
 from relax.engine_api.openai.routes import openai_router
-from relax.utils.auth import guard
+from relax.utils.auth import guard, server_tokens
 from relax.utils.http_limits import DEFAULT_READ_TIMEOUT_S, limit_requests
 from relax.utils.net import tcp_listener
 
@@ -86,7 +86,10 @@ class EngineServer:
         arriving for this long gets 408."""
         self.host, self.port = host, port
         self.engine = EmbeddedEngine(model_path, **engine_kwargs)
-        self.app = guard(build_app(self.engine, dependencies), api_key)
+        # its own engine key too: Relax's clients send that, never the run's token (relax/utils/auth.py)
+        self.app = guard(
+            build_app(self.engine, dependencies), api_key, server_tokens(api_key, lambda: self.url)
+        )
         # added last, so outermost: an oversized body is refused before auth or routing touch it
         limit_requests(self.app, max_body_bytes, read_timeout_s)
         self._server: uvicorn.Server | None = None
