@@ -36,6 +36,7 @@ from relax.engine_api.openai.backend import ChatPrompt
 from relax.engine_api.openai.errors import OpenAIError, openai_error
 from relax.engine_api.openai.routes import openai_router
 from relax.utils.auth import guard, process_token
+from relax.utils.http_deadline import header_deadline_protocol
 from relax.utils.http_limits import limit_requests
 from relax.utils.redact import register_secret
 
@@ -144,8 +145,9 @@ class OpenAIServer:
 
     async def _serve(self, timeout_s: float) -> None:
         config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, log_level="warning", access_log=False
-        )
+            self.app, host=self.host, port=self.port, log_level="warning", access_log=False,
+            http=header_deadline_protocol(),  # a half-sent request head is timed out
+        )  # fmt: skip
         self._server = _Server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve())
         deadline = time.monotonic() + timeout_s

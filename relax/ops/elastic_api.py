@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relax.ops.elastic_ops import ElasticError, Operation
 from relax.utils.auth import guard, process_token
+from relax.utils.http_deadline import header_deadline_protocol
 from relax.utils.http_limits import limit_requests
 from relax.utils.net import tcp_listener
 
@@ -267,8 +268,9 @@ class ElasticServer:
         sock = tcp_listener(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = self._uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", loop="asyncio"
-        )
+            self.app, log_level="warning", access_log=False, lifespan="off", loop="asyncio",
+            http=header_deadline_protocol(),  # a half-sent request head is timed out
+        )  # fmt: skip
         self._server = self._uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="relax-elastic-api", daemon=True

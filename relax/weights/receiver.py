@@ -26,6 +26,7 @@ from relax.engine_api.protocol import (
     UpdateWeightsFromIpcRequest,
 )
 from relax.utils.auth import guard, process_token, server_tokens
+from relax.utils.http_deadline import header_deadline_protocol
 from relax.utils.http_limits import limit_requests
 from relax.utils.tasks import in_daemon_thread
 from relax.weights import ipc as weight_ipc
@@ -157,7 +158,10 @@ class ReceiverServer:
         app = limit_requests(
             guard(build_receiver_app(receiver), key, server_tokens(key, lambda: self.url or ""))
         )
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        # a half-sent request head is timed out (`relax.utils.http_deadline`)
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", http=header_deadline_protocol()
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="weight-receiver", daemon=True)
         self.host = host

@@ -1,12 +1,14 @@
 """One bad request never stalls or kills the embedded engine's server: a real `EngineServer` on
 127.0.0.1 over the tiny model, spoken to over HTTP. Tiny temperatures sample greedily, `n` and the KV
 budget are bounded, oversized bodies get 413, `/slow_down` is bounded, a dead engine thread turns
-`/health` to 503, an unreadable checkpoint answers 400 naming the file, a half-sent request gets 408, and
+`/health` to 503, an unreadable checkpoint answers 400 naming the file, a half-sent request gets 408, a
+connection whose request head never completes (slowloris) is closed, and
 a weight-group join to a trainer that never answers fails within its timeout while every other route
 keeps answering."""
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,7 @@ def server(tiny_model_dir):
         str(tiny_model_dir),
         max_body_bytes=MAX_BODY,
         read_timeout_s=READ_TIMEOUT_S,
+        header_timeout_s=READ_TIMEOUT_S,
         weight_join_timeout_s=JOIN_TIMEOUT_S,
         **SERVER_KW,
     )
@@ -194,6 +197,48 @@ def test_a_half_sent_request_gets_408_and_holds_nothing(server):
         waited = time.monotonic() - t0
     assert answer.startswith("HTTP/1.1 408"), answer
     assert READ_TIMEOUT_S * 0.5 < waited < READ_TIMEOUT_S + 10, waited
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a socket timeout if it never does)."""
+    out = b""
+    try:
+        while chunk := sock.recv(4096):
+            out += chunk
+    except ConnectionResetError:  # closed while the client was still sending
+        pass
+    return out
+
+
+def _dribble_until_closed(sock: socket.socket, step_s: float = 0.3, max_steps: int = 200) -> bytes:
+    """Send one more header byte every `step_s` until the server answers or closes."""
+    for _ in range(max_steps):
+        if select.select([sock], [], [], step_s)[0]:
+            return _read_until_closed(sock)
+        try:
+            sock.sendall(b"l")
+        except OSError:  # closed while a byte was on its way
+            return _read_until_closed(sock)
+    raise AssertionError("the server never closed a connection whose head never completed")
+
+
+@pytest.mark.parametrize("dribble", [False, True])
+def test_a_half_sent_request_head_is_timed_out_and_closed(server, dribble):
+    """A request line and part of the headers, then silence, or a header byte now and then (which must
+    not reset the deadline): the server answers 408 and closes; meanwhile every other request is served."""
+    host, port = server.host, server.port
+    with socket.create_connection((host, port), timeout=60) as sock:  # a hang fails, never stalls
+        sock.sendall(f"POST /generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: app".encode())
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        out = generate(server.url, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+        assert out.status_code == 200, out.text
+        answer = _dribble_until_closed(sock) if dribble else _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+
+
+def test_a_connection_that_sends_nothing_is_closed(server):
+    with socket.create_connection((server.host, server.port), timeout=60) as sock:
+        assert _read_until_closed(sock) == b""
 
 
 def test_a_join_to_an_unreachable_trainer_fails_fast_and_blocks_no_route(server):

@@ -9,7 +9,9 @@ route but `/health` (the place for a bearer-token check).
 
 `EngineServer` runs uvicorn in a background thread (it works inside a Ray actor: no signal handlers
 off the main thread) and returns the bound port, so `port=0` picks a free one. Request bodies over
-`max_body_bytes` are answered 413 before any route reads them (`relax.utils.http_limits`).
+`max_body_bytes` are answered 413 before any route reads them (`relax.utils.http_limits`), and a request
+head (request line and headers) not complete within `header_timeout_s` closes its connection
+(`relax.utils.http_deadline`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.engine_api.openai.errors import openai_error
 from relax.engine_api.openai.routes import openai_router
 from relax.utils.auth import guard, server_tokens
+from relax.utils.http_deadline import DEFAULT_HEADER_TIMEOUT_S, header_deadline_protocol
 from relax.utils.http_limits import DEFAULT_READ_TIMEOUT_S, limit_requests
 from relax.utils.net import tcp_listener
 
@@ -78,13 +81,16 @@ class EngineServer:
         api_key: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         **engine_kwargs: Any,
     ) -> None:
         """`api_key`: the bearer token every route but `/health` requires (None: none);
         `dependencies`: more FastAPI `Depends(...)` on those routes (see `build_app`);
         `max_body_bytes`: larger request bodies get 413 unread; `read_timeout_s`: a body that stops
-        arriving for this long gets 408."""
+        arriving for this long gets 408; `header_timeout_s`: a connection whose request head is not
+        complete this long after its first byte gets 408 and is closed."""
         self.host, self.port = host, port
+        self.header_timeout_s = header_timeout_s
         self.engine = EmbeddedEngine(model_path, **engine_kwargs)
         # its own engine key too: Relax's clients send that, never the run's token (relax/utils/auth.py)
         self.app = guard(
@@ -114,6 +120,7 @@ class EngineServer:
             loop="asyncio",
             lifespan="off",
             timeout_keep_alive=75,
+            http=header_deadline_protocol(self.header_timeout_s),
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
