@@ -12,10 +12,21 @@ plane (the driver); producers publish to it (`Bell`), consumers subscribe (`List
 hint, never the truth: a consumer still confirms with a poll, and polls anyway every
 `BELL_FALLBACK_S` while it waits, so a ring lost (a role's first writes before its connection is up, a
 restarted role that missed the rings of a step in flight) costs latency, not correctness.
+
+Authentication: the hub's ports take any connection (ZeroMQ has none by default), so in a run every ring
+is signed: HMAC-SHA256 over the partition and the body with a key derived from the run's token
+(`doorbell_key`), and numbered per producer. A listener drops a ring with a wrong or missing signature,
+one whose number it has seen (a replay), and anything malformed, before it counts: a stranger cannot wake
+consumers (each false wake-up costs a TransferQueue poll), clear their counts or stop a wait with a
+message that does not parse. Rings are not encrypted: a stranger who subscribes learns partition and
+field names and row counts (the run's progress), which open nothing; no row data travels here.
+Without a run token (a plane used outside a run) rings are neither signed nor checked.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import threading
@@ -33,6 +44,28 @@ BELL_FALLBACK_S = 0.1
 HEARD_PARTITIONS = 32  # partitions a listener keeps counts for (steps in flight, with margin)
 HWM = 100_000  # messages queued per socket before ZeroMQ drops rings (a listener drains at each wait)
 CLEARED = "cleared"  # the ring of `clear`: the partition's counts start again
+MAC_BYTES = 16  # of the HMAC-SHA256 on each ring
+KNOWN_WRITERS = 4096  # producers whose last ring number a listener keeps (replays of older ones pass)
+_KEYS: dict[str, bytes] = {}  # run token -> its doorbell key
+
+
+def doorbell_key(token: str | None = None) -> bytes | None:
+    """The rings' signing key of the run whose token is `token` (default: this process's; None: no
+    token, rings unsigned). Derived, so the run's token itself never signs anything outside HTTP."""
+    from relax.utils.auth import process_token
+
+    token = token or process_token()
+    if not token:
+        return None
+    if token not in _KEYS:
+        _KEYS[token] = hmac.new(token.encode(), b"relax-doorbell", hashlib.sha256).digest()
+    return _KEYS[token]
+
+
+def _mac(key: bytes, partition: bytes, body: bytes) -> bytes:
+    return hmac.new(key, len(partition).to_bytes(4, "big") + partition + body, hashlib.sha256).digest()[
+        :MAC_BYTES
+    ]
 
 
 class DoorbellHub:
@@ -80,30 +113,38 @@ class Bell:
     ring is made good by the next one. `ring` never blocks: a ring nobody hears, or one over the queue
     limit, is dropped (the listeners' fallback polls cover a producer's last ring)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, key: bytes | None = None) -> None:
+        """`key`: signs the rings (default: `doorbell_key()` of this process's run token, read per ring,
+        so a bell made before the token is known signs once it is)."""
         self._sock = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, HWM)
         self._sock.connect(address)
+        self._key = key
         self._id = uuid.uuid4().hex[:12]
+        self._n = 0  # the number of the last ring: listeners drop one they have seen (a replay)
         self._sent: OrderedDict[str, Counter[str]] = OrderedDict()
         self._lock = threading.Lock()  # ZeroMQ sockets are not thread-safe; writers may be on threads
 
     def ring(self, partition: str, fields: dict[str, int] | str) -> None:
         """`fields`: rows just written per field, or `CLEARED`."""
         with self._lock:
+            self._n += 1
             if fields == CLEARED:
                 self._sent.pop(partition, None)
-                body: dict = {"w": self._id, CLEARED: True}
+                body: dict = {"w": self._id, "n": self._n, CLEARED: True}
             else:
                 sent = self._sent.setdefault(partition, Counter())
                 sent.update(fields)
                 self._sent.move_to_end(partition)
                 while len(self._sent) > HEARD_PARTITIONS:
                     self._sent.popitem(last=False)
-                body = {"w": self._id, "rows": sent}
+                body = {"w": self._id, "n": self._n, "rows": sent}
+            frames = [partition.encode(), json.dumps(body).encode()]
+            if (key := self._key or doorbell_key()) is not None:
+                frames.append(_mac(key, *frames))
             try:
-                self._sock.send_multipart([partition.encode(), json.dumps(body).encode()], flags=zmq.NOBLOCK)
+                self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
             except zmq.ZMQError as e:  # full queue, closed context: a ring is only a hint
                 logger.debug("ring for %s dropped: %s", partition, e)
 
@@ -116,7 +157,12 @@ class Listener:
     field, how many rings it heard, and how many rows each task of this loop took (a wait expects that
     many more)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, key: bytes | None = None) -> None:
+        """`key`: rings must be signed with it (default: `doorbell_key()` of this process's run token,
+        read per ring; None: every well-formed ring counts)."""
+        self._key = key
+        self._last: OrderedDict[str, int] = OrderedDict()  # producer -> number of its last ring heard
+        self.dropped = 0  # rings refused: forged, replayed or malformed
         self._sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, HWM)
@@ -129,12 +175,41 @@ class Listener:
         self._taken: dict[str, Counter[str]] = {}
 
     def _hear(self, frames: list[bytes]) -> None:
-        partition, body = frames[0].decode(), json.loads(frames[1])
-        if body.get(CLEARED):
+        ring = self._check(frames)
+        if ring is None:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 10_000 == 0:  # a stranger could flood the log otherwise
+                logger.warning(
+                    "doorbell: %d ring(s) dropped (unsigned, forged, replayed or malformed)", self.dropped
+                )
+            return
+        partition, writer, rows = ring
+        if rows is None:
             self._forget(partition)
             return
-        self._heard(partition)[body["w"]] = body["rows"]
+        self._heard(partition)[writer] = rows
         self._rings[partition] = self._rings.get(partition, 0) + 1
+
+    def _check(self, frames: list[bytes]) -> tuple[str, str, dict[str, int] | None] | None:
+        """(partition, producer, its totals or None for `CLEARED`) of a genuine, new ring; else None."""
+        key = self._key or doorbell_key()
+        if key is not None and (
+            len(frames) != 3 or not hmac.compare_digest(frames[2], _mac(key, *frames[:2]))
+        ):
+            return None
+        try:
+            partition, body = frames[0].decode(), json.loads(frames[1])
+            writer, n = str(body["w"]), int(body["n"])
+            rows = None if body.get(CLEARED) else {str(f): int(c) for f, c in body["rows"].items()}
+        except (IndexError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if n <= self._last.get(writer, 0):  # a replay (a producer numbers its rings 1, 2, ...)
+            return None
+        self._last[writer] = n
+        self._last.move_to_end(writer)
+        while len(self._last) > KNOWN_WRITERS:
+            self._last.popitem(last=False)
+        return partition, writer, rows
 
     def _heard(self, partition: str) -> dict[str, dict[str, int]]:
         heard = self._rows.setdefault(partition, {})

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from relax.dataplane import doorbell
+from relax.utils.net import free_port
 
 
 def rows(n: int) -> list[dict]:
@@ -124,6 +125,77 @@ def test_a_ring_without_a_listener_does_not_block():
     assert time.monotonic() - started < 5.0
     bell.close()
     hub.close()
+
+
+def test_forged_replayed_and_malformed_rings_are_dropped():
+    """In a run rings are signed with a key derived from the run's token. A stranger on the hub's ports
+    (ZeroMQ takes any connection) subscribes, captures a genuine ring and sends it again, rings with a
+    guessed key, unsigned and malformed messages: none counts, none wakes or clears a wait, none raises."""
+    import zmq
+
+    key = doorbell.doorbell_key("the-run-token")
+
+    async def run():
+        hub = doorbell.DoorbellHub()
+        bell, listener = doorbell.Bell(hub.writers, key=key), doorbell.Listener(hub.listeners, key=key)
+        ctx = zmq.Context.instance()
+        spy, stranger = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
+        spy.connect(hub.listeners)
+        spy.setsockopt(zmq.SUBSCRIBE, b"")
+        stranger.connect(hub.writers)
+        try:
+            await _joined(bell, listener)
+            bell.ring("p", {"rows": 2})
+            assert await listener.wait("p", ["rows"], 2, 0, 5.0)
+            captured = spy.recv_multipart()
+            while captured[0] != b"p":
+                captured = spy.recv_multipart()
+            heard = listener.rings("p")
+            guess = doorbell.doorbell_key("a-guess")
+            forged = [b'{"w": "x", "n": 7, "rows": {"rows": 1000}}', b'{"w": "x", "n": 8, "cleared": true}']
+            bad = [
+                *([b"p", body, doorbell._mac(guess, b"p", body)] for body in forged),  # a guessed key
+                captured,  # a replay of the genuine ring
+                captured[:2],  # the same, unsigned
+                [b"p", b'{"w": "x", "n": 1, "rows": {"rows": 1000}}'],  # unsigned
+                [b"p", b"not json", b"0" * doorbell.MAC_BYTES],
+                [b"p"],
+            ]
+            for _ in range(500):  # until the stranger's connection is up: the spy hears its last message
+                for frames in bad:
+                    stranger.send_multipart(frames)
+                await asyncio.sleep(0.01)
+                if spy.poll(0) and any(f[-1:] == [b"p"] for f in _all(spy)):
+                    break
+            else:
+                raise AssertionError("the stranger's messages never reached the hub")
+            # the hub forwards in order: once this ring is heard, so was everything the stranger sent
+            bell.ring("q", {"rows": 1})
+            assert await listener.wait("q", ["rows"], 1, 0, 5.0)
+            assert listener.rings("p") == heard and listener.may_hold("p", ["rows"], 2)  # not cleared
+            assert not listener.may_hold("p", ["rows"], 3)
+            assert listener.dropped >= len(bad)
+        finally:
+            for sock in (spy, stranger):
+                sock.close(linger=0)
+            for end in (bell, listener, hub):
+                end.close()
+
+    asyncio.run(run())
+
+    # without a run token nothing is checked, but a malformed message is still dropped, not raised
+    unsigned = doorbell.Listener(f"tcp://127.0.0.1:{free_port()}")
+    unsigned._hear([b"p", b"not json"])
+    unsigned._hear([b"p", b'{"w": "x", "n": 1, "rows": ["rows"]}'])
+    assert unsigned.dropped == 2 and unsigned.rings("p") == 0
+    unsigned.close()
+
+
+def _all(sock) -> list[list[bytes]]:
+    out = []
+    while sock.poll(0):
+        out.append(sock.recv_multipart())
+    return out
 
 
 @pytest.mark.slow
