@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from relax.orchestration import checkpoint as ckpt
+from tests.faults.harness import marked_pids
 
 pytestmark = pytest.mark.slow
 
@@ -28,16 +29,9 @@ def _train(args, log):
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def _run_pids() -> set[str]:
+def _run_pids() -> set[int]:
     """Live processes started by the training run (other Ray clusters on the machine do not count)."""
-    pids = set()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if TOKEN.encode() in environ.read_bytes():
-                pids.add(environ.parent.name)
-        except OSError:  # the process ended or is not ours to read
-            pass
-    return pids
+    return marked_pids(TOKEN)
 
 
 def _args(tmp_path, tiny_model_dir, arith_file, name: str, *extra: str) -> list[str]:

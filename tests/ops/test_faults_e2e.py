@@ -4,11 +4,9 @@ metrics.jsonl, a heartbeat from a new replica), never on a fixed sleep."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -20,56 +18,26 @@ from relax.ops.heartbeat import get_board
 from relax.orchestration import checkpoint as ckpt
 from relax.orchestration.controller import Controller
 from relax.orchestration.recovery import RestartLimitError
+from relax.utils import faults
+from tests.faults.harness import metric_rows, run_overrides, steps_logged, wait_for
 
 pytestmark = pytest.mark.slow
-
-WAIT_S = 300.0  # generous: the machine may be loaded
 
 
 def fault_config(tiny_model_dir, arith_file, out_dir, name, notify_url, *extra):
     return load_config(
         "tests/toy_arith.yaml",
         [
-            f"model.path={tiny_model_dir}",
-            f"data.train_files=[{arith_file}]",
-            f"run.output_dir={out_dir}",
-            f"run.name={name}",
-            "rollout.prompts_per_step=8",
-            "rollout.n_samples_per_prompt=4",
-            "rollout.engine_threads=1",
-            "trainer.threads=1",
-            "ops.progress=false",
-            "ops.tensorboard=false",
-            "ops.heartbeat_interval_s=0.5",
-            "ops.heartbeat_timeout_s=15",
+            *run_overrides(tiny_model_dir, arith_file, out_dir, name),
             f"ops.notify_urls=[{notify_url}]",
-            "eval.sets=[]",
-            "eval.before_train=false",
             "schedule.data_plane=ray",
             *extra,
         ],
     )
 
 
-def steps_logged(cfg, name: str = "metrics.jsonl") -> list[int]:
-    path = cfg.run.run_dir / name
-    if not path.exists():
-        return []
-    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
-
-
 def rows(cfg) -> list[dict]:
-    return [json.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def wait_for(cond: Callable[[], object], what: str) -> object:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise TimeoutError(f"waited {WAIT_S:.0f}s for {what}")
+    return metric_rows(cfg.run.run_dir)
 
 
 def beat_pid(name: str) -> int | None:
@@ -128,10 +96,10 @@ def test_engine_and_actor_fwd_killed_are_replaced_in_place(
     killed = []
 
     def plan() -> None:
-        wait_for(lambda: len(steps_logged(cfg)) >= 1, "step 1")
+        wait_for(lambda: len(steps_logged(cfg.run.run_dir)) >= 1, "step 1")
         kill(wait_for(lambda: beat_pid("engine/0"), "engine/0 heartbeat"))
         killed.append("engine/0")
-        wait_for(lambda: len(steps_logged(cfg)) >= 3, "step 3")
+        wait_for(lambda: len(steps_logged(cfg.run.run_dir)) >= 3, "step 3")
         kill(wait_for(lambda: beat_pid("actor_fwd"), "actor_fwd heartbeat"))
         killed.append("actor_fwd")
 
@@ -155,6 +123,51 @@ def test_engine_and_actor_fwd_killed_are_replaced_in_place(
     assert not (cfg.run.run_dir / "metrics.superseded.jsonl").exists()
 
 
+def test_the_only_engine_killed_mid_rollout_and_mid_push_is_replaced(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox, fault_dir
+):
+    """colocate with one engine (the quickstart's shape): the engine is killed while a rollout request
+    is about to reach it, then again just before a weight push. Requests wait for the replacement, which
+    gets the current weights at once; the run finishes every step on exactly its samples."""
+    cfg = fault_config(tiny_model_dir, arith_file, tmp_path, "only_engine", inbox.url, "trainer.num_steps=6")
+    killed: list[tuple[str, int]] = []
+
+    def kill_at(point: str, after_step: int) -> None:
+        wait_for(lambda: len(steps_logged(cfg)) >= after_step, f"step {after_step}")
+        before = [pid for _, pid in killed]
+        faults.hold(fault_dir, point)
+        faults.wait_reached(fault_dir, point)
+        try:
+            pid = wait_for(lambda: (p := beat_pid("engine/0")) not in before and p, "engine/0 heartbeat")
+            kill(pid)
+            killed.append((point, pid))
+        finally:
+            faults.release(fault_dir, point)
+
+    def plan() -> None:
+        kill_at("router.request", 2)  # mid-rollout: the request goes to the dead engine
+        kill_at("weight_push.push", 4)  # the group holds the dead engine when the push starts
+
+    killer = Killer(plan)
+    killer.start()
+    assert Controller(cfg).run() == 6
+    killer.join(timeout=60)
+    assert killer.error is None and [p for p, _ in killed] == ["router.request", "weight_push.push"], (
+        killer.error,
+        killed,
+    )
+    out = rows(cfg)
+    assert [r["step"] for r in out] == [1, 2, 3, 4, 5, 6]
+    assert [r["rollout/num_samples"] for r in out] == [32.0] * 6  # none lost, none counted twice
+    # colocate is on-policy: a sample from a replacement without the current weights would show here
+    assert max(r["rollout/staleness_max"] for r in out) == 0, [r["rollout/staleness_max"] for r in out]
+    assert [r["weight_version"] for r in out] == [1, 2, 3, 4, 5, 6]
+    assert out[-1]["health/engine_restarts"] == 2.0
+    got = titles(inbox)
+    assert got.count("restart: engine") == 2 and "restart: global" not in got, got
+    assert got[-1] == "run finished", got
+
+
 def test_actor_killed_global_restart_then_restart_cap(
     ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox
 ):
@@ -171,15 +184,17 @@ def test_actor_killed_global_restart_then_restart_cap(
     seen: dict[str, object] = {}
 
     def plan() -> None:
-        wait_for(lambda: len(steps_logged(cfg)) >= 3, "step 3")  # checkpoint 2 is complete
+        wait_for(lambda: len(steps_logged(cfg.run.run_dir)) >= 3, "step 3")  # checkpoint 2 is complete
         first = beat_pid("actor")
         kill(first)
         seen["first"] = first
         seen["checkpoint"] = ckpt.latest_checkpoint(cfg.run.run_dir)[0]
         # the restarted run redoes the steps after the checkpoint with the same numbers
-        wait_for(lambda: steps_logged(cfg, "metrics.superseded.jsonl"), "the set-aside steps")
-        wait_for(lambda: len(steps_logged(cfg)) >= seen["checkpoint"] + 2, "steps after the restart")
-        seen["after_restart"] = steps_logged(cfg)
+        wait_for(lambda: steps_logged(cfg.run.run_dir, "metrics.superseded.jsonl"), "the set-aside steps")
+        wait_for(
+            lambda: len(steps_logged(cfg.run.run_dir)) >= seen["checkpoint"] + 2, "steps after the restart"
+        )
+        seen["after_restart"] = steps_logged(cfg.run.run_dir)
         second = wait_for(lambda: (p := beat_pid("actor")) != first and p, "the new Actor")
         kill(second)
 
@@ -193,7 +208,7 @@ def test_actor_killed_global_restart_then_restart_cap(
     assert c == 2
     after = seen["after_restart"]
     assert after[: c + 2] == list(range(1, c + 3)), after  # 1..c kept, c+1.. redone, same numbering
-    assert steps_logged(cfg, "metrics.superseded.jsonl")[0] == c + 1
+    assert steps_logged(cfg.run.run_dir, "metrics.superseded.jsonl")[0] == c + 1
     got = titles(inbox)
     assert got.count("restart: global") == 1, got
     assert got[-1] == "failure: the run stopped"

@@ -1,0 +1,693 @@
+"""The fault-injection harness: start a real `relax train` run, inject one fault at one phase, judge the
+outcome (docs/faults.md has the matrix it runs and its last table).
+
+A cell is (fault, phase, mode, hosts). `run_cell` starts the toy run (the quickstart's GRPO set-up on the
+tiny model: 6 steps of 8 prompts x 4 samples, a checkpoint every 2 steps) as a subprocess on this host or
+as the driver on host 1 of the simulated three-host cluster (tests/cluster/netns.py), reaches the phase
+through the phase hook (tests/faults/hook/sitecustomize.py), injects the fault and returns a `Result`
+whose outcome is one of
+
+* "finished, exact steps": rc 0, metrics.jsonl holds steps 1..N once each, every step trained exactly
+  prompts x samples samples, the final checkpoint is complete;
+* "stopped, named cause": rc != 0, the cause (a regex per fault) in the run's output, the exit within the
+  fault's bound after the fault (the harness's wait timeout is the bound: no wall-clock assertion), no
+  process of the run left behind, the steps logged a gap-free prefix;
+* "resumed, exact steps" (the driver killed): nothing of the run left behind, and `--resume` finishes
+  with steps 1..N once each;
+
+or "FAILS: <what differed>". The harness never raises for a failing cell; it always removes what it
+started (processes by pid, namespaces, tmpfs mounts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HOOK_DIR = Path(__file__).resolve().parent / "hook"
+RELAX = [sys.executable, "-m", "relax.entrypoints.cli"]
+CONFIG = REPO / "tests" / "toy_arith.yaml"
+
+MODES = ("colocate", "hybrid", "fully_async")
+STEPS, PROMPTS, SAMPLES, CKPT_EVERY = 6, 8, 4, 2
+ARM_AFTER = 2  # the fault is armed once this step is logged: a checkpoint exists, the run is warm
+HOLD_S = 2.0  # how long the hooked call waits once hit, so the fault lands inside the phase
+STOP_GRACE_S = 5.0
+START_S = 300.0  # start-up and the steps before the fault (the machine may be loaded)
+FINISH_S = 420.0  # from the fault to the end of a run that recovers (a global restart included)
+
+# how a role's process is named (Ray's process title)
+TITLES = {
+    "engine": "ray::EngineActor",
+    "rollout": "ray::ServeReplica:rollout:",
+    "actor": "ray::ServeReplica:actor:",
+    "actor_fwd": "ray::ServeReplica:actor_fwd:",
+    "metrics": "ray::ServeReplica:metrics:",
+}
+
+
+# -- helpers (also used by tests/ops/test_faults_e2e.py and tests/e2e/test_interrupt.py) ---------------
+def run_overrides(model: Path, data: Path, out_dir: Path, name: str) -> list[str]:
+    """The fault runs' common settings: a small fast run, heartbeats often, no progress bar."""
+    return [
+        f"model.path={model}",
+        f"data.train_files=[{data}]",
+        f"run.output_dir={out_dir}",
+        f"run.name={name}",
+        f"rollout.prompts_per_step={PROMPTS}",
+        f"rollout.n_samples_per_prompt={SAMPLES}",
+        "rollout.engine_threads=1",
+        "trainer.threads=1",
+        "ops.progress=false",
+        "ops.tensorboard=false",
+        "ops.heartbeat_interval_s=0.5",
+        "ops.heartbeat_timeout_s=15",
+        "eval.sets=[]",
+        "eval.before_train=false",
+    ]
+
+
+def metric_rows(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    """The rows of metrics.jsonl (a line still being written is skipped)."""
+    path = Path(run_dir) / name
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
+
+
+def steps_logged(run_dir: Path, name: str = "metrics.jsonl") -> list[int]:
+    return [r["step"] for r in metric_rows(run_dir, name)]
+
+
+def wait_for(cond: Callable[[], object], what: str, timeout_s: float = START_S, poll_s: float = 0.05):
+    """`cond()`'s first true value; TimeoutError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(poll_s)
+    raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
+
+
+def marked_pids(marker: str) -> set[int]:
+    """Live processes whose environment holds `marker` (every process a run starts inherits it; other
+    Ray clusters on the machine do not count)."""
+    pids = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                pids.add(int(environ.parent.name))
+        except OSError:  # the process ended or is not ours to read
+            pass
+    pids.discard(os.getpid())
+    return pids
+
+
+def process_title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def kill_pids(pids: set[int] | list[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+# -- cells and results ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cell:
+    """`fault`: kill:<engine|rollout|actor|actor_fwd|metrics|driver>, sigterm2, host_lost, disk_full,
+    hung_reward (reward.timeout_s gives the fallback), reward_stall (ops.step_timeout_s names it),
+    refused_group. `phase`: startup, rollout, push, update, eval, checkpoint, reward. `hosts`: one or
+    cluster."""
+
+    fault: str
+    phase: str
+    mode: str = "colocate"
+    hosts: str = "one"
+
+    @property
+    def name(self) -> str:
+        return f"{self.fault}@{self.phase}/{self.mode}/{self.hosts}"
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-")
+
+
+@dataclass
+class Expect:
+    kind: str  # "finished" | "stopped" | "resumed"
+    cause: str = ""  # stopped: a regex the run's output must hold
+    bound_s: float = FINISH_S  # from the fault to the exit
+
+
+def expected(cell: Cell) -> Expect:
+    """What the docs promise for the cell (docs/operations.md)."""
+    if cell.fault == "kill:driver":
+        return Expect("resumed", bound_s=60)
+    if cell.fault == "sigterm2":  # the second signal stops at once; the done-when: grace + 10 s
+        return Expect("stopped", r"SIGTERM again: stopping now", STOP_GRACE_S + 10)
+    if cell.fault == "disk_full":
+        return Expect("stopped", r"No space left on device", 120)
+    if cell.fault == "reward_stall":
+        return Expect("stopped", r"stalled: \w+ did not finish", REWARD_STALL_S + 60)
+    return Expect("finished")
+
+
+REWARD_STALL_S = 20  # ops.step_timeout_s of the reward_stall cells
+
+
+@dataclass
+class Result:
+    cell: Cell
+    outcome: str  # "finished, exact steps" | "stopped, named cause" | "resumed, exact steps" | "FAILS: ..."
+    recover_s: float | None = None  # fault -> first step logged after it (finished), -> exit (stopped)
+    steps: str = ""  # the steps in metrics.jsonl, e.g. "1-6"
+    samples: str = ""  # samples trained / expected
+    seconds: float = 0.0  # the whole cell
+    notes: list[str] = field(default_factory=list)
+    log: str = ""  # the run's output file
+
+    @property
+    def ok(self) -> bool:
+        return not self.outcome.startswith("FAILS")
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["cell"] = {**asdict(self.cell), "name": self.cell.name}
+        return out
+
+
+class CellFailed(Exception):
+    """The cell's outcome differs from the promise; the message says how."""
+
+
+def span(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+    return ",".join(map(str, steps))
+
+
+# -- where the run runs -----------------------------------------------------------------------------
+@dataclass
+class Assets:
+    model: Path
+    data: Path
+    eval_data: Path
+
+
+def make_assets(folder: Path) -> Assets:
+    """The tiny model and the toy data, written once and shared by every cell."""
+    from relax.data.toy import generate_arith
+    from relax.models.tiny import write_tiny_model
+
+    a = Assets(folder / "model", folder / "arith.jsonl", folder / "arith_eval.jsonl")
+    if not (a.model / "config.json").exists():
+        write_tiny_model(a.model, family="qwen2")
+    if not a.data.exists():
+        generate_arith(a.data, n=500, seed=0)
+    if not a.eval_data.exists():
+        generate_arith(a.eval_data, n=16, seed=1)
+    return a
+
+
+class OneHost:
+    """The run as a subprocess here; its processes are those with the cell's fault folder in their
+    environment (Ray's processes and workers inherit it)."""
+
+    def __init__(self, fault_dir: Path) -> None:
+        self.marker = f"RELAX_FAULT_DIR={fault_dir}"
+        self.fault_dir = fault_dir
+
+    def __enter__(self) -> OneHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        kill_pids(self.pids())
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+        path = ":".join(p for p in (str(HOOK_DIR), str(REPO), env.get("PYTHONPATH")) if p)
+        env.update(
+            RELAX_FAULT_DIR=str(self.fault_dir),
+            PYTHONPATH=path,
+            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # never unset outside a namespace (DESIGN.md §12)
+            RELAX_LOG_LEVEL="INFO",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def start(self, args: list[str], log: Path) -> subprocess.Popen:
+        with log.open("a") as fh:
+            return subprocess.Popen(
+                [*RELAX, "train", *args],
+                cwd=REPO,
+                env=self.env(),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def pids(self) -> set[int]:
+        return marked_pids(self.marker)
+
+    def find(self, role: str) -> int | None:
+        for pid in sorted(self.pids()):
+            if process_title(pid).startswith(TITLES[role]):
+                return pid
+        return None
+
+    def leftovers(self, driver: subprocess.Popen) -> set[int]:
+        return self.pids()
+
+
+class Cluster:
+    """The run's driver on host 1 of three simulated hosts (head 2 CPUs, workers 6 each, no labels:
+    Ray places every role); the hosts' Ray nodes carry the fault folder and the hook in their
+    environment. Its processes are those of the hosts' namespaces."""
+
+    CPUS = [2, 6, 6]
+
+    def __init__(self, fault_dir: Path, workdir: Path) -> None:
+        from tests.cluster.netns import SimulatedCluster
+
+        hook = str(HOOK_DIR)
+
+        class Hosts(SimulatedCluster):
+            def env(self, **extra: str) -> dict[str, str]:
+                env = super().env(**extra)
+                env["PYTHONPATH"] = f"{hook}:{env['PYTHONPATH']}"
+                env.update(RELAX_FAULT_DIR=str(fault_dir), RELAX_LOG_LEVEL="INFO")
+                return env
+
+        self.sim = Hosts(workdir, cpus=self.CPUS)
+        self.fault_dir = fault_dir
+
+    def __enter__(self) -> Cluster:
+        self.sim.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sim.close()
+
+    def start(self, args: list[str], log: Path) -> subprocess.Popen:
+        return self.sim.popen(1, [*RELAX, "train", *args], log, RAY_ADDRESS=self.sim.address)
+
+    def host_pids(self, index: int) -> set[int]:
+        ns = self.sim.hosts[index - 1].ns
+        out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+        return {int(p) for p in out.split()}
+
+    def pids(self) -> set[int]:
+        return set().union(*(self.host_pids(h.index) for h in self.sim.hosts))
+
+    def find(self, role: str) -> int | None:
+        for pid in sorted(self.pids()):
+            if process_title(pid).startswith(TITLES[role]):
+                return pid
+        return None
+
+    def leftovers(self, driver: subprocess.Popen) -> set[int]:
+        # the cluster's own Ray processes stay up by design; the run's workers are gone with its driver
+        return {p for p in self.pids() if process_title(p).startswith(tuple(TITLES.values()))}
+
+
+# -- one cell --------------------------------------------------------------------------------------
+class Run:
+    """One started run of a cell: where it writes, how to reach its phases."""
+
+    def __init__(self, cell: Cell, place: OneHost | Cluster, cell_dir: Path, out_dir: Path) -> None:
+        self.cell, self.place, self.cell_dir = cell, place, cell_dir
+        self.run_dir = out_dir / "run"
+        self.log = cell_dir / "run.log"
+        self.fault_dir = place.fault_dir
+        self.proc: subprocess.Popen | None = None
+        self.fault_at: float | None = None  # wall clock (metrics rows carry wall-clock times)
+        self.notes: list[str] = []
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_steps(self, n: int) -> None:
+        def reached() -> bool:
+            if not self.alive():
+                raise CellFailed(f"the run ended (rc {self.proc.returncode}) before step {n}")
+            return len(steps_logged(self.run_dir)) >= n
+
+        wait_for(reached, f"step {n}", START_S, poll_s=0.2)
+
+    def reach(self, phase: str) -> dict:
+        """Wait until the run is in `phase`; returns the hit (pid, time)."""
+        if phase == "startup":  # the roles are being deployed: no step yet
+            wait_for(lambda: "starting roles" in self.output() or not self.alive(), "start-up", START_S, 0.1)
+            if not self.alive():
+                raise CellFailed(f"the run ended (rc {self.proc.returncode}) during start-up")
+            return {"pid": self.proc.pid, "time": time.time()}
+        self.wait_steps(ARM_AFTER)
+        (self.fault_dir / "arm").write_text(json.dumps({"phase": phase, "hold_s": HOLD_S}))
+        hit_file = self.fault_dir / "hit"
+
+        def hit() -> dict | None:
+            if not self.alive():
+                raise CellFailed(f"the run ended (rc {self.proc.returncode}) before the {phase} phase")
+            return json.loads(hit_file.read_text()) if hit_file.exists() else None
+
+        try:
+            return wait_for(hit, f"the {phase} phase", START_S, poll_s=0.02)
+        except TimeoutError as e:
+            raise CellFailed(f"the {phase} phase never came (hook not hit): {e}") from e
+
+    def disarm(self) -> None:
+        (self.fault_dir / "arm").unlink(missing_ok=True)
+
+    def kill_role(self, role: str, hit: dict) -> None:
+        if role == "driver":
+            pid = self.proc.pid
+        else:
+            pid = self.place.find(role)
+            if pid is None:
+                raise CellFailed(f"no {role} process found ({TITLES[role]})")
+        self.fault_at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        self.notes.append(f"killed {role} pid {pid} in {hit.get('phase', 'startup')}")
+
+
+def run_cell(cell: Cell, work: Path, assets: Assets, keep: bool = False) -> Result:
+    """Run one cell in `work/<slug>`; never raises (a harness error is a FAILS result)."""
+    cell_dir = work / cell.slug
+    shutil.rmtree(cell_dir, ignore_errors=True)
+    fault_dir = cell_dir / "fault"
+    fault_dir.mkdir(parents=True)
+    t0 = time.monotonic()
+    mount = None
+    try:
+        out_dir = cell_dir / "out"
+        out_dir.mkdir()
+        if cell.fault == "disk_full":
+            mount = out_dir
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=24m", "relax-faults", str(out_dir)], check=True
+            )
+        place = Cluster(fault_dir, cell_dir) if cell.hosts == "cluster" else OneHost(fault_dir)
+        with place:
+            run = Run(cell, place, cell_dir, out_dir)
+            result = _drive(run, assets)
+    except CellFailed as e:
+        result = Result(cell, f"FAILS: {e}")
+    except Exception as e:  # noqa: BLE001 - a harness error is reported as the cell's failure
+        result = Result(cell, f"FAILS: harness error {type(e).__name__}: {e}")
+    finally:
+        if mount is not None:
+            _unmount(mount)
+    result.seconds = round(time.monotonic() - t0, 1)
+    result.log = str(cell_dir / "run.log")
+    if result.ok and not keep:
+        shutil.rmtree(cell_dir / "out", ignore_errors=True)
+    return result
+
+
+def _unmount(path: Path) -> None:
+    for _ in range(20):
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.5)
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)  # busy still: detach it
+
+
+def _args(cell: Cell, assets: Assets, out_dir: Path) -> list[str]:
+    args = [
+        str(CONFIG),
+        *run_overrides(assets.model, assets.data, out_dir, "run"),
+        f"schedule.mode={cell.mode}",
+        f"trainer.num_steps={STEPS}",
+        f"ops.checkpoint_interval={CKPT_EVERY}",
+        f"ops.stop_grace_s={STOP_GRACE_S:g}",
+        "ops.max_global_restarts=2",
+    ]
+    if cell.mode != "colocate":
+        args.append("schedule.max_staleness=1")
+    if cell.phase == "eval":
+        eval_set = f"{{name: arith, files: [{assets.eval_data}], max_prompts: 4}}"
+        args += [f"eval.sets=[{eval_set}]", f"eval.interval={CKPT_EVERY}"]
+    if cell.fault in ("hung_reward", "reward_stall"):
+        args.append("reward.name=tests.faults.rewards:hang_when_armed")
+        args += (
+            ["reward.timeout_s=2"]
+            if cell.fault == "hung_reward"
+            else ["reward.timeout_s=3600", f"ops.step_timeout_s={REWARD_STALL_S}"]
+        )
+    return args
+
+
+def _drive(run: Run, assets: Assets) -> Result:
+    cell, expect = run.cell, expected(run.cell)
+    args = _args(cell, assets, run.run_dir.parent)
+    run.proc = run.place.start(args, run.log)
+    fake = None
+    try:
+        if cell.fault == "refused_group":
+            from tests.faults.fake_engine import FakeEngine
+
+            fake = FakeEngine().__enter__()
+        try:
+            _inject(run, fake)
+        except Exception as e:  # noqa: BLE001 - the run may have died under the fault: say how
+            if run.proc.poll() is None:
+                try:
+                    run.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    pass
+            msg = str(e) if isinstance(e, CellFailed) else f"{type(e).__name__}: {e}"
+            if run.proc.poll() is not None:
+                msg += f"; the run ended rc {run.proc.returncode}: {_last_error(run.output())}"
+            raise CellFailed(msg) from e
+        wait_s = expect.bound_s if expect.kind != "finished" else FINISH_S
+        try:
+            rc = run.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            raise CellFailed(f"still running {wait_s:.0f}s after the fault") from None
+        exited_at = time.time()
+        if expect.kind == "resumed":
+            return _resumed(run, args)
+        if expect.kind == "stopped":
+            return _stopped(run, rc, expect, exited_at)
+        result = _finished(run, rc)
+        if fake is not None:
+            _check_refusal(run, fake, result)
+        return result
+    finally:
+        if run.alive():
+            run.proc.kill()
+        if fake is not None:
+            fake.__exit__()
+
+
+def _inject(run: Run, fake) -> None:
+    fault, phase = run.cell.fault, run.cell.phase
+    if fault == "refused_group":
+        _scale_out_to(run, fake)
+        return
+    hit = run.reach("reward" if fault in ("hung_reward", "reward_stall") else phase)
+    if fault.startswith("kill:"):
+        run.kill_role(fault.split(":", 1)[1], hit)
+    elif fault == "sigterm2":
+        run.fault_at = time.time()
+        run.proc.send_signal(signal.SIGTERM)  # to the driver, as a scheduler or `kill` sends it
+        time.sleep(1.0)
+        run.proc.send_signal(signal.SIGTERM)
+    elif fault == "host_lost":
+        host = run.place.sim.hosts[-1]
+        pids = run.place.host_pids(host.index)
+        on_host = sorted({t for p in pids for t in TITLES.values() if process_title(p).startswith(t)})
+        run.fault_at = time.time()
+        kill_pids(pids)
+        run.notes.append(f"host {host.index} lost with {', '.join(on_host) or 'no role'}")
+    elif fault == "disk_full":
+        run.fault_at = time.time()
+        _fill(run.run_dir.parent)
+        run.notes.append("tmpfs filled during the checkpoint")
+    elif fault in ("hung_reward", "reward_stall"):
+        run.fault_at = hit["time"]
+    run.disarm()
+
+
+def _fill(folder: Path) -> None:
+    """Write a file until the file system is full."""
+    chunk = b"\0" * (1 << 20)
+    with open(folder / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError:
+            pass
+
+
+def _scale_out_to(run: Run, fake) -> None:
+    """After step ARM_AFTER: an external scale-out to the fake engine; the operation must fail alone."""
+    import httpx
+
+    from relax.utils.auth import auth_headers, read_run_token
+
+    run.wait_steps(ARM_AFTER)
+    api = json.loads((run.run_dir / "endpoints.json").read_text())["elastic_api"]
+    headers = auth_headers(read_run_token(str(run.run_dir)))
+    run.fault_at = time.time()
+    r = httpx.post(
+        f"{api}/v1/engines/scale_out",
+        json={"mode": "external", "engine_urls": [fake.url]},
+        headers=headers,
+        timeout=30,
+    )
+    if r.status_code >= 300:
+        raise CellFailed(f"scale_out answered {r.status_code}: {r.text[:300]}")
+    op_id = r.json()["request_id"]
+
+    def done() -> dict | None:
+        if not run.alive():
+            raise CellFailed(f"the run ended (rc {run.proc.returncode}) during the scale-out")
+        state = httpx.get(f"{api}/v1/operations/{op_id}", headers=headers, timeout=30).json()
+        return state if state.get("done") else None
+
+    op = wait_for(done, "the scale-out to end", 180, poll_s=0.5)
+    run.notes.append(f"scale-out {op.get('state')}: {str(op.get('error'))[:120]}")
+    if op.get("state") != "failed":
+        raise CellFailed(f"the scale-out to a refusing engine ended {op.get('state')!r}, not failed")
+
+
+def _check_refusal(run: Run, fake, result: Result) -> None:
+    if "/init_weights_update_group" not in fake.paths():
+        result.outcome = "FAILS: the weight-sync group was never offered to the fake engine"
+    token = (run.run_dir / "secrets" / "run_token").read_text().strip()
+    leaked = any(r["authorization"] and token in r["authorization"] for r in fake.requests)
+    result.notes.append("external engine got the run's token" if leaked else "run token not sent")
+
+
+def _rows_check(run: Run) -> tuple[list[dict], list[str]]:
+    rows = metric_rows(run.run_dir)
+    steps = [r["step"] for r in rows]
+    problems = []
+    if steps != list(range(1, STEPS + 1)):
+        problems.append(f"steps {span(steps)}, not 1-{STEPS} once each")
+    bad = [r["step"] for r in rows if r.get("rollout/num_samples") != float(PROMPTS * SAMPLES)]
+    if bad:
+        problems.append(f"steps {bad} trained another number of samples than {PROMPTS * SAMPLES}")
+    return rows, problems
+
+
+def _finished(run: Run, rc: int) -> Result:
+    rows, problems = _rows_check(run)
+    if rc != 0:
+        problems.insert(0, f"rc {rc}: {_last_error(run.output())}")
+    final = run.run_dir / "checkpoints" / f"step_{STEPS:06d}" / "COMPLETE"
+    if not final.exists():
+        problems.append(f"no complete checkpoint of step {STEPS}")
+    if run.cell.fault == "hung_reward" and not any(r.get("reward/timeouts") for r in rows):
+        problems.append("no reward timed out: the hang never reached the scorer")
+    result = _measured(run, rows, problems, "finished, exact steps")
+    last = rows[-1] if rows else {}
+    for key in ("health/engine_restarts", "health/role_restarts"):
+        if last.get(key):
+            result.notes.append(f"{key.split('/')[1]} {last[key]:g}")
+    if (run.run_dir / "metrics.superseded.jsonl").exists():
+        redone = steps_logged(run.run_dir, "metrics.superseded.jsonl")
+        result.notes.append(f"global restart (steps {span(redone)} redone)")
+    if run.cell.fault == "hung_reward":
+        result.notes.append(f"reward timeouts {sum(r.get('reward/timeouts', 0) for r in rows):g}")
+    return result
+
+
+def _measured(run: Run, rows: list[dict], problems: list[str], ok: str) -> Result:
+    samples = sum(r.get("rollout/num_samples", 0) for r in rows)
+    after = [r["time"] for r in rows if run.fault_at is not None and r.get("time", 0) > run.fault_at]
+    return Result(
+        run.cell,
+        "FAILS: " + "; ".join(problems) if problems else ok,
+        recover_s=round(min(after) - run.fault_at, 1) if after else None,
+        steps=span([r["step"] for r in rows]),
+        samples=f"{samples:g}/{len(rows) * PROMPTS * SAMPLES}",
+        notes=run.notes,
+    )
+
+
+def _stopped(run: Run, rc: int, expect: Expect, exited_at: float) -> Result:
+    out = run.output()
+    problems = []
+    if rc == 0:
+        problems.append("rc 0: the run did not stop")
+    if not re.search(expect.cause, out):
+        problems.append(f"cause /{expect.cause}/ not in the output; last error: {_last_error(out)}")
+    left = _left_behind(run)
+    if left:
+        problems.append(f"{len(left)} processes left running 30s after the exit ({left[0]})")
+    rows = metric_rows(run.run_dir)
+    steps = [r["step"] for r in rows]
+    if steps != list(range(1, len(steps) + 1)):
+        problems.append(f"steps logged {span(steps)} are not a gap-free prefix")
+    result = _measured(run, rows, problems, "stopped, named cause")
+    result.recover_s = round(exited_at - run.fault_at, 1) if run.fault_at else None
+    match = re.search(expect.cause + r".*", out)
+    result.notes.append(f"rc {rc}" + (f": {match.group(0)[:100]}" if match else ""))
+    return result
+
+
+def _resumed(run: Run, args: list[str]) -> Result:
+    left = _left_behind(run)
+    if left:
+        raise CellFailed(f"{len(left)} processes of the run left 30s after the driver was killed ({left[0]})")
+    before = steps_logged(run.run_dir)
+    run.notes.append(f"driver killed after step {before[-1] if before else 0}; resumed")
+    run.proc = run.place.start([*args, "--resume"], run.log)
+    rc = run.proc.wait(timeout=FINISH_S)
+    result = _finished(run, rc)
+    if result.ok:
+        result.outcome = "resumed, exact steps"
+    return result
+
+
+def _left_behind(run: Run) -> list[str]:
+    deadline = time.monotonic() + 30
+    while (left := run.place.leftovers(run.proc)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return [process_title(p)[:60] for p in sorted(left)]
+
+
+def _last_error(out: str) -> str:
+    """The last line that looks like an error (the cause a user would read first)."""
+    lines = [
+        ln.strip()
+        for ln in out.splitlines()
+        if re.search(r"(Error|Exception|error:|failed|stalled|No space|relax train:)", ln)
+    ]
+    return lines[-1][:300] if lines else (out.strip().splitlines() or ["(no output)"])[-1][:300]
+
+
+def new_work_dir(base: Path | None = None) -> Path:
+    return Path(base or "/tmp") / f"relax-faults-{uuid.uuid4().hex[:8]}"
