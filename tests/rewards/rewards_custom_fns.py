@@ -53,13 +53,30 @@ def needs_missing_package(sample: Sample) -> float:
     return 1.0
 
 
-def slow_sync(sample: Sample, seconds: float = 0.5) -> float:
-    time.sleep(seconds)
+# The slow and hanging calls below block until the test sets RELEASE (or `seconds` pass) and then record
+# their name in FINISHED: a scorer that returned before its slow call finished shows it by its absence.
+# Each call keeps the objects current when it started, so a call left over from an earlier test never
+# lands in a later test's list (`reset_slow` gives every test new ones).
+RELEASE = threading.Event()
+FINISHED: list[str] = []
+
+
+def reset_slow() -> None:
+    global RELEASE, FINISHED
+    RELEASE, FINISHED = threading.Event(), []
+
+
+def slow_sync(sample: Sample, seconds: float = 30.0) -> float:
+    release, finished = RELEASE, FINISHED
+    release.wait(seconds)
+    finished.append("slow_sync")
     return 1.0
 
 
 async def slow_async(sample: Sample, seconds: float = 30.0) -> float:
+    finished = FINISHED
     await asyncio.sleep(seconds)
+    finished.append("slow_async")
     return 1.0
 
 
@@ -116,10 +133,13 @@ THREADS: list[int] = []  # the worker thread of each `cheap_rule` call
 
 
 def cheap_rule(sample: Sample) -> float:
-    """A rule reward that takes microseconds, except on "hang" (0.5 s) and "boom" (raises)."""
+    """A rule reward that takes microseconds, except on "hang" (until RELEASE, at most 30 s) and "boom"
+    (raises)."""
     THREADS.append(threading.get_ident())
     if sample.response_text == "hang":
-        time.sleep(0.5)
+        release, finished = RELEASE, FINISHED
+        release.wait(30.0)
+        finished.append("hang")
     if sample.response_text == "boom":
         raise ValueError("boom")
     return float(sample.response_text == sample.label)
