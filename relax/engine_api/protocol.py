@@ -31,6 +31,8 @@ last), then `data: [DONE]`; several prompts or samples are told apart by `index`
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -88,6 +90,9 @@ UNSUPPORTED_SAMPLING = {
 }
 GRAMMARS = ("regex", "json_schema", "ebnf")
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (SGLang's threshold)
+# OpenAI's bound on a logit bias: +-100 already bans or forces a token, and a larger (or non-finite) value
+# overflows the logits to inf / NaN once divided by a small temperature
+MAX_LOGIT_BIAS = 100.0
 MAX_FORWARD_SLEEP_S = 60.0  # `/slow_down`'s bound: a longer sleep per step is a stalled engine
 
 
@@ -108,7 +113,9 @@ class SamplingParams(Strict):
     stop: str | list[str] | None = Field(None, description="Stop strings (need a tokenizer).")
     stop_token_ids: list[int] | None = Field(None, description="Token ids that end generation.")
     stop_regex: str | list[str] | None = Field(
-        None, description="Regular expressions that end generation when the output text matches one."
+        None,
+        description="Regular expressions (RE2 syntax: no backreferences or lookaround) that end generation "
+        "when the output text matches one.",
     )
     ignore_eos: bool = Field(False, description="Do not stop at the model's EOS token.")
     skip_special_tokens: bool = Field(True, description="Drop special tokens from the returned text.")
@@ -121,7 +128,9 @@ class SamplingParams(Strict):
     )
     ebnf: str | None = Field(None, description="Constrain the output to this grammar (GBNF or Lark).")
     logit_bias: dict[str, float] | None = Field(
-        None, description="Added to the logits of these token ids (keys: ids as strings, as in OpenAI)."
+        None,
+        description="Added to the logits of these token ids (keys: ids as strings, as in OpenAI; values "
+        "finite, within +-100).",
     )
     stream_interval: int | None = Field(
         None, ge=1, description="Streaming: one chunk every this many tokens (default 1)."
@@ -158,9 +167,24 @@ class SamplingParams(Strict):
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        for key in v or {}:
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys are token ids; got {key!r}")
+        return check_logit_bias(v)
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, v: list[int] | None) -> list[int] | None:
+        bad = [t for t in v or [] if t < 0]
+        if bad:
+            raise ValueError(f"stop_token_ids must be token ids >= 0; got {bad[:5]}")
+        return v
+
+    @field_validator("stop_regex")
+    @classmethod
+    def _stop_regex(cls, v: str | list[str] | None) -> str | list[str] | None:
+        from relax.engine_api.stop_regex import compile_stop_regex  # google-re2, loaded when needed
+
+        for pattern in [v] if isinstance(v, str) else v or []:
+            if pattern:
+                compile_stop_regex(pattern)
         return v
 
     @model_validator(mode="after")
@@ -246,6 +270,11 @@ class GenerateRequest(Strict):
     def _sglang_fields(cls, data: Any) -> Any:
         return check_fields(data, UNSUPPORTED_GENERATE, IGNORED_GENERATE, "")
 
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return check_unicode(v, "text")
+
     @model_validator(mode="after")
     def _check(self) -> GenerateRequest:
         if (self.input_ids is None) == (self.text is None):
@@ -261,6 +290,44 @@ class GenerateRequest(Strict):
         if self.input_ids is not None:
             return bool(self.input_ids) and isinstance(self.input_ids[0], list)
         return isinstance(self.text, list)
+
+
+def check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """`bias` if its keys are token ids and its values finite and within +-MAX_LOGIT_BIAS (as OpenAI
+    bounds them), else a ValueError naming the entry."""
+    for key, value in (bias or {}).items():
+        if not key.lstrip("-").isdigit():
+            raise ValueError(f"logit_bias keys are token ids; got {key!r}")
+        if not math.isfinite(value) or abs(value) > MAX_LOGIT_BIAS:
+            raise ValueError(
+                f"logit_bias[{key!r}]={value!r} is out of range; each bias must be a finite number in "
+                f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+            )
+    return bias
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def check_unicode(value: Any, field: str) -> Any:
+    """`value` if no string in it (nested in lists and dicts too) holds a lone UTF-16 surrogate (a JSON
+    escape like "\\ud800" without its pair): such a string has no UTF-8 form, so no tokenizer can take it.
+    Else a ValueError naming the field and the position."""
+    if isinstance(value, str):
+        # an ASCII string (flagged by CPython, no scan) has none
+        if not value.isascii() and (m := _SURROGATE.search(value)) is not None:
+            raise ValueError(
+                f"{field} holds a lone UTF-16 surrogate {m.group()!a} at character {m.start()}; send "
+                "valid Unicode text"
+            )
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_unicode(item, f"{field}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, f"{field} key")
+            check_unicode(item, f"{field}.{key}")
+    return value
 
 
 def _listed(value: Any) -> list[Any]:

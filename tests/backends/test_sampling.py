@@ -157,3 +157,22 @@ def test_fused_is_refused_where_it_cannot_run():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown sampling method 'gumbel'"):
         BatchSampler([_row()], CPU, "gumbel")
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_row_of_non_finite_logits_fails_only_itself(method, bad):
+    """A row whose logits overflowed (inf, NaN) must not fail the step of the whole batch: every row
+    gets a token inside the vocabulary, and the finite rows draw as usual."""
+    dev = _device(method)
+    V = 512
+    logits_BV = torch.full((3, V), -30.0, device=dev)
+    logits_BV[0, 7] = 30.0  # a finite row that all but surely draws token 7
+    logits_BV[1, 5] = bad  # the bad row: inf in one place (inf - inf = NaN after the max) or NaN
+    logits_BV[2, 9] = 30.0
+    sampler = BatchSampler([_row(temperature=1e-5 if method != "fused" else 1.0)] * 3, dev, method)
+    tokens_B, logp_B = sampler.sample(logits_BV, make_generator(0, dev))
+    tokens = tokens_B.tolist()
+    assert all(0 <= t < V for t in tokens), tokens
+    assert tokens[0] == 7 and tokens[2] == 9
+    assert math.isfinite(logp_B[0].item()) and math.isfinite(logp_B[2].item())

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from relax.engine_api.protocol import check_fields
+from relax.engine_api.protocol import check_fields, check_logit_bias, check_unicode
 
 # Accepted with any value: they change nothing that is generated.
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "verbosity", "safety_identifier", "prompt_cache_key"})  # fmt: skip
@@ -65,6 +65,11 @@ class Sampling(BaseModel):
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return check_logit_bias(v)
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -86,6 +91,11 @@ class ChatCompletionRequest(Sampling):
     def _openai_fields(cls, data: Any) -> Any:
         return check_fields(data, UNSUPPORTED_CHAT, IGNORED, "")
 
+    @field_validator("messages", "tools")
+    @classmethod
+    def _unicode(cls, v: Any, info: Any) -> Any:
+        return check_unicode(v, info.field_name)
+
     @property
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -100,6 +110,11 @@ class CompletionRequest(Sampling):
     @classmethod
     def _openai_fields(cls, data: Any) -> Any:
         return check_fields(data, UNSUPPORTED_COMPLETION, IGNORED, "")
+
+    @field_validator("prompt")
+    @classmethod
+    def _unicode(cls, v: Any) -> Any:
+        return check_unicode(v, "prompt")
 
     @property
     def prompts(self) -> list[str | list[int]]:

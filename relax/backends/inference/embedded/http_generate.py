@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.http_errors import bad_request, validation_message
+from relax.backends.inference.embedded.prompt_text import encode_prompt
 from relax.backends.inference.embedded.sequence import GenerationResult
 from relax.backends.inference.embedded.sglang_format import Job, Partial, final_item, partial_item
 from relax.data.mm_codec import decode_inputs
@@ -45,7 +46,11 @@ def _prompts(req: GenerateRequest, engine: EmbeddedEngine) -> list[list[int]]:
         if engine.tokenizer is None:
             raise ValueError("text input needs a tokenizer and this model folder has none; send input_ids")
         texts = req.text if isinstance(req.text, list) else [req.text]
-        prompts = [engine.tokenizer.encode(t) for t in texts]
+        names = [f"text[{i}]" for i in range(len(texts))] if isinstance(req.text, list) else ["text"]
+        prompts = [
+            encode_prompt(engine.tokenizer, t, engine.max_context_len, name)
+            for t, name in zip(texts, names, strict=True)
+        ]
     else:
         prompts = req.input_ids if req.is_batch else [req.input_ids]
     if not prompts:

@@ -10,13 +10,14 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 import relax
 from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.http_errors import bad_request
 from relax.backends.inference.embedded.metrics import render_metrics
-from relax.engine_api.protocol import SamplingParams
+from relax.backends.inference.embedded.prompt_text import encode_prompt
+from relax.engine_api.protocol import SamplingParams, check_unicode
 from relax.weights.ipc import device_uuid
 
 
@@ -27,6 +28,11 @@ class TokenizeRequest(BaseModel):
     prompt: str | list[str]
     add_special_tokens: bool = True
     model: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _unicode(cls, v: str | list[str]) -> str | list[str]:
+        return check_unicode(v, "prompt")
 
 
 class DetokenizeRequest(BaseModel):
@@ -100,7 +106,19 @@ def info_router(engine: EmbeddedEngine) -> APIRouter:
         if tok is None:
             return bad_request("this model folder has no tokenizer")
         texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        ids = [list(tok.encode(t, add_special_tokens=req.add_special_tokens)) for t in texts]
+
+        def encode() -> list[list[int]]:
+            return [
+                encode_prompt(
+                    tok, t, engine.max_context_len, "prompt", add_special_tokens=req.add_special_tokens
+                )
+                for t in texts
+            ]
+
+        try:  # off the event loop: a long text must not hold up every other route
+            ids = await asyncio.to_thread(encode)
+        except ValueError as e:
+            return bad_request(str(e))
         if isinstance(req.prompt, str):
             return {"tokens": ids[0], "count": len(ids[0]), "max_model_len": engine.max_context_len}
         return {"tokens": ids, "count": [len(i) for i in ids], "max_model_len": engine.max_context_len}

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.backends.inference.embedded.prompt_text import encode_prompt
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OnTokens
 from relax.engine_api.openai.errors import OpenAIError
 from relax.engine_api.openai.messages import template_messages
@@ -50,12 +51,20 @@ class EngineOpenAIBackend:
             raise
         except Exception as e:  # noqa: BLE001 - the template's own complaint (e.g. roles out of order)
             raise OpenAIError(f"the chat template cannot render these messages: {e}", 400, "messages") from e
-        return ChatPrompt(list(tok.encode(text, add_special_tokens=False)))
+        return ChatPrompt(self._encode(text, "messages", add_special_tokens=False))
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return list(self._need_tokenizer().encode(prompt))
+            return self._encode(prompt, "prompt")
         return list(prompt)
+
+    def _encode(self, text: str, field: str, **kwargs: Any) -> list[int]:
+        """The tokens of a prompt; a text far too long for the context is refused before it is
+        tokenized whole (`prompt_text.py`)."""
+        try:
+            return encode_prompt(self._need_tokenizer(), text, self.engine.max_context_len, field, **kwargs)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, field) from e
 
     async def generate(
         self,

@@ -170,7 +170,10 @@ class BatchSampler:
         # should u * total round up to total, keep the target strictly below it, so that the search
         # always lands on a token whose CDF step (its probability) is positive
         target_B = torch.minimum(u_B * total_B, torch.nextafter(total_B, torch.zeros_like(total_B)))
-        return torch.searchsorted(cdf_BV, target_B.unsqueeze(1), right=True).squeeze(1)
+        tokens_B = torch.searchsorted(cdf_BV, target_B.unsqueeze(1), right=True).squeeze(1)
+        # a row whose probabilities are NaN (non-finite logits) searches past the end: keep its index in
+        # the vocabulary so that one bad row cannot fail the gather, and so the step, of the whole batch
+        return tokens_B.clamp_(max=probs_BV.shape[-1] - 1)
 
 
 def sample_tokens(

@@ -14,7 +14,6 @@ on the engine thread (the callback must only hand the values on).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -25,6 +24,7 @@ import torch
 
 from relax.backends.inference.embedded.sampling import RowParams, make_generator
 from relax.engine_api.protocol import SamplingParams
+from relax.engine_api.stop_regex import compile_stop_regex
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,8 @@ class Sequence:
 
     def _matched_stop_regex(self) -> str | None:
         """The first stop regex found in the output text (decoded whole: a regex has no bounded length;
-        only requests that give one pay for it)."""
+        only requests that give one pay for it). RE2 searches in time linear in the text, so no pattern
+        can stall the engine thread (`relax.engine_api.stop_regex`)."""
         text = self.group.tokenizer.decode(self.output_ids, skip_special_tokens=False)
         for pattern in self.group.stop_regexes:
             if (m := pattern.search(text)) is not None:
@@ -188,7 +189,7 @@ class RequestGroup:
     def __post_init__(self) -> None:
         self.stop_strings = self.params.stop_strings
         self.stop_window = max((len(s) for s in self.stop_strings), default=0) + 4  # tokens decoded per check
-        self.stop_regexes = [re.compile(p) for p in self.params.stop_regexes]
+        self.stop_regexes = [compile_stop_regex(p) for p in self.params.stop_regexes]
 
     def make_sequences(self, device: torch.device) -> list[Sequence]:
         """The n samples. Sample j of a seeded request uses its own generator, seed `sampling_seed + j`;
