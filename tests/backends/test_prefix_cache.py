@@ -181,8 +181,9 @@ def test_eviction_takes_least_recent_leaves_and_keeps_parents_of_cached_blocks()
     store = torch.randn(2, 1, 1, 1, 8 * BLOCK, 2)  # one slot of a SlotKVCache store
     a = list(range(4 * BLOCK))
     b = a[: 2 * BLOCK] + [999] * (2 * BLOCK)  # shares a's first two blocks
-    assert cache.insert(a, store, 0, room=10**6) == 4
-    assert cache.insert(b, store, 0, room=10**6) == 2
+    assert cache.insert(a, 0, room=10**6) == 4
+    assert cache.insert(b, 0, room=10**6) == 2
+    cache.write(store)
     assert cache.tokens == 6 * BLOCK
     assert len(cache.match(a, len(a) - 1)) == 3  # its last block holds the last token: not matched
     cache.evict_to(5 * BLOCK)  # a's last block, untouched since a's insert, is the least recent leaf
@@ -190,7 +191,7 @@ def test_eviction_takes_least_recent_leaves_and_keeps_parents_of_cached_blocks()
     cache.evict_to(2 * BLOCK)  # leaves go first, the shared parents last
     assert len(cache.match(a, len(a))) == 2 and len(cache.match(b, len(b))) == 2
     out = torch.zeros_like(store)
-    cache.load(cache.match(a, len(a)), out, 0)
+    cache.load([(cache.match(a, len(a)), 0)], out)
     assert torch.equal(out[..., : 2 * BLOCK, :], store[..., : 2 * BLOCK, :])
     cache.clear()
     assert cache.tokens == 0 and cache.match(a, len(a)) == []

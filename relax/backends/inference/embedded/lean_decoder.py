@@ -255,6 +255,13 @@ class LeanDecoder:
         if T == 1 and mask is not None:  # decode: query heads grouped under their kv head (a view)
             return _attend_one(q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, mask, scale).reshape(N, Hq * D)
         # a prefill of right-padded prompts: causal when there is no mask (see `__call__`)
+        gqa = Hq != Hk
+        if mask is not None and gqa and q.device.type == "cuda":
+            # a prefill past a cached prefix (`ModelRunner.prefill_after`): with a mask, grouped heads
+            # would take the math kernel; repeated key/value heads take the memory-efficient one
+            k_all = k_all.repeat_interleave(Hq // Hk, dim=1)
+            v_all = v_all.repeat_interleave(Hq // Hk, dim=1)
+            gqa = False
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k_all,
@@ -262,7 +269,7 @@ class LeanDecoder:
             attn_mask=mask,
             is_causal=mask is None,
             scale=scale,
-            enable_gqa=Hq != Hk,
+            enable_gqa=gqa,
         )
         return o.transpose(1, 2).reshape(N * T, Hq * D)
 

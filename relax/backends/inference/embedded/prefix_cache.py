@@ -40,6 +40,12 @@ logger = logging.getLogger(__name__)
 BLOCK = 16  # tokens per block: small enough that a hit stops close to the prompt's end
 
 
+def _blocks(store: Tensor) -> Tensor:
+    """A `SlotKVCache` store [2, layers, S, H_kv, C, D] as blocks [2, layers, S, H_kv, C / BLOCK, BLOCK, D]
+    (a view; its capacity is a multiple of 64)."""
+    return store.unflatten(4, (store.shape[4] // BLOCK, BLOCK))
+
+
 @dataclass
 class _Block:
     id: int  # unique for the cache's lifetime (a parent's id is part of its children's keys)
@@ -71,6 +77,7 @@ class PrefixCache:
         self.hit_tokens = 0  # prompt tokens served from the cache
         self.lookup_tokens = 0  # prompt tokens looked up (the denominator of the hit rate)
         self.evicted = 0  # blocks evicted to make room
+        self._pending: dict[int, tuple[int, int]] = {}  # pool index -> (slot, block column) to copy
 
     @property
     def tokens(self) -> int:
@@ -83,6 +90,7 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget every block (a weight update, `/flush_cache`); the pool's memory stays allocated."""
         self.blocks.clear()
+        self._pending.clear()
         self.free = list(range(self.pool.shape[3])) if self.pool is not None else []
 
     # -- lookup ----------------------------------------------------------------------------------
@@ -95,13 +103,32 @@ class PrefixCache:
         self.hit_tokens += len(chain) * BLOCK
         return chain
 
-    def load(self, chain: list[_Block], store: Tensor, slot: int) -> None:
-        """Copy the blocks of `chain` into columns 0.. of `slot` of a `SlotKVCache` store
-        [2, layers, S, H_kv, C, D]."""
-        if not chain:
+    def load(self, hits: list[tuple[list[_Block], int]], store: Tensor) -> None:
+        """Copy each (chain, slot)'s blocks into columns 0.. of that slot of a `SlotKVCache` store
+        [2, layers, S, H_kv, C, D], all in one gather and one scatter."""
+        where = [(b.index, slot, i) for chain, slot in hits for i, b in enumerate(chain)]
+        if not where:
             return
-        idx = torch.tensor([b.index for b in chain], device=self.device)
-        store[:, :, slot, :, : len(chain) * BLOCK] = self.pool[:, :, :, idx].flatten(3, 4)
+        p, s, c = self._indices(where)
+        _blocks(store)[:, :, s, :, c] = self.pool[:, :, :, p].movedim(3, 0)
+
+    def write(self, store: Tensor) -> None:
+        """Copy the blocks inserted since the last `write` from their slots of `store` into the pool, in
+        one gather and one scatter (before anything overwrites those slots)."""
+        if not self._pending:
+            return
+        where = [(i, slot, col) for i, (slot, col) in self._pending.items()]
+        self._pending.clear()
+        p, s, c = self._indices(where)
+        self.pool[:, :, :, p] = _blocks(store)[:, :, s, :, c].movedim(0, 3)
+
+    def _indices(self, where: list[tuple[int, int, int]]) -> tuple[Tensor, Tensor, Tensor]:
+        """(pool index, slot, block column) lists as device tensors, sent without waiting for the
+        device (a blocking copy would stall the host behind the decode step in flight)."""
+        idx = torch.tensor(where, dtype=torch.long).t().contiguous()
+        if self.device.type == "cuda":
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
+        return idx[0], idx[1], idx[2]
 
     def _walk(self, tokens: list[int], max_blocks: int) -> list[_Block]:
         chain: list[_Block] = []
@@ -119,9 +146,10 @@ class PrefixCache:
             self.blocks.move_to_end(block.key)
 
     # -- insert and evict ------------------------------------------------------------------------
-    def insert(self, tokens: list[int], store: Tensor, slot: int, room: int) -> int:
-        """Cache the full blocks of `tokens`, whose KV is in columns 0..len(tokens)-1 of `slot` of `store`,
-        holding at most `room` tokens in all (evicting LRU leaves for it); returns the blocks added."""
+    def insert(self, tokens: list[int], slot: int, room: int) -> int:
+        """Cache the full blocks of `tokens`, whose KV is in columns 0..len(tokens)-1 of `slot`, holding at
+        most `room` tokens in all (evicting LRU leaves for it); returns the blocks added. Their KV is
+        copied by the next `write`."""
         n = len(tokens) // BLOCK
         chain = self._walk(tokens, n)
         self._touch(chain)
@@ -140,11 +168,9 @@ class PrefixCache:
             self.blocks[key] = block
             new.append(block)
             parent = block
+        for i, block in enumerate(new):
+            self._pending[block.index] = (slot, len(chain) + i)
         if new:
-            first = len(chain)
-            idx = torch.tensor([b.index for b in new], device=self.device)
-            cols = store[:, :, slot, :, first * BLOCK : (first + len(new)) * BLOCK]
-            self.pool[:, :, :, idx] = cols.unflatten(3, (len(new), BLOCK))
             self._touch(chain + new)
         return len(new)
 
@@ -158,6 +184,7 @@ class PrefixCache:
             if block.children == 0 and block is not protect:
                 del self.blocks[block.key]
                 self.free.append(block.index)
+                self._pending.pop(block.index, None)
                 self.evicted += 1
                 if block.parent is not None:
                     block.parent.children -= 1

@@ -192,7 +192,7 @@ class ModelRunner:
         start_U = torch.tensor(starts, device=self.device)
         lens_U = torch.tensor([len(p) for p in suffixes], device=self.device)
         pos_UT = start_U[:, None] + torch.arange(T, device=self.device)[None, :]  # cache column = position
-        K = max(starts) + T
+        K = min(-(-(max(starts) + T) // 16) * 16, self.cache.capacity)  # aligned rows for the SDPA mask
         col_K = torch.arange(K, device=self.device)
         mask = self._mask(col_K[None, None, :] <= pos_UT[:, :, None])  # [U, 1, T, K]; padding sees col 0..
         rows = torch.tensor(slots, device=self.device)

@@ -251,7 +251,8 @@ class Scheduler:
         if self.prefix is not None:  # the batch's reservations first; the cache keeps what is left
             self.prefix.evict_to(self.max_total_tokens - self.reserved)
             for p, first in zip(prompts, firsts, strict=True):
-                self.prefix.insert(p, self.cache.store, first, self.max_total_tokens - self.reserved)
+                self.prefix.insert(p, first, self.max_total_tokens - self.reserved)
+            self.prefix.write(self.cache.store)
         for u, first in zip(units, firsts, strict=True):
             self.cache.copy(first, list(range(first + 1, first + len(u))), len(u[0].prefill_ids()))
         rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
@@ -282,8 +283,7 @@ class Scheduler:
         hit = [u for u, st in enumerate(starts) if st > 0]
         if not hit:
             return self.runner.prefill(prompts, slots)
-        for u in hit:
-            self.prefix.load(hits[u], self.cache.store, slots[u])
+        self.prefix.load([(hits[u], slots[u]) for u in hit], self.cache.store)
         parts, order = [], []
         if miss:
             parts.append(self.runner.prefill([prompts[u] for u in miss], [slots[u] for u in miss]))
@@ -312,7 +312,8 @@ class Scheduler:
                 self._stale.discard(id(s))
             elif s.output_ids:  # KV held: prompt + output[:-1]
                 tokens = s.group.prompt + s.output_ids[:-1]
-                self.prefix.insert(tokens, self.cache.store, slot[id(s)], room)
+                self.prefix.insert(tokens, slot[id(s)], room)
+        self.prefix.write(self.cache.store)
 
     def _decode(self) -> int:
         running = self.running
