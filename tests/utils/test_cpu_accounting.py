@@ -43,13 +43,23 @@ def test_a_busy_process_is_counted_between_two_snapshots():
 
 def test_the_window_follows_the_metrics_rows(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
+    written: dict[int, float] = {}
     with StepWindow(metrics, first=2, last=4, poll_s=0.01) as window:
         for step in range(1, 6):
+            written[step] = time.monotonic()
             with metrics.open("a") as f:
                 f.write(json.dumps({"step": step}) + "\n")
-            time.sleep(0.1)
+            if step in (2, 4):  # the next row comes only once the window has marked this one
+                marks = 1 if step == 2 else 2
+                for _ in range(3000):
+                    if len(window.marks) >= marks:
+                        break
+                    time.sleep(0.01)
     result = window.result()
-    assert 50 < result["wall_ms"] < 500  # per step: rows 2 -> 4 arrive ~0.1 s apart
+    # opened at row 2 (not before it, not at row 3) and closed at row 4 (not before it, not at row 5)
+    (opened, _), (closed, _) = window.marks
+    assert written[2] <= opened < written[3] <= written[4] <= closed < written[5]
+    assert result["wall_ms"] == pytest.approx(1e3 * (closed - opened) / 2)  # per step of the window
     assert result["driver"] >= 0 and result["total"] >= result["driver"]
     table = format_table({"mode": result})
     assert table.splitlines()[0].split() == ["CPU", "ms", "per", "step", "mode"]
