@@ -405,6 +405,7 @@ PLACEMENT_KEYS = (
     "metrics",
     "engines",
     "ranks",
+    "data_plane",
 )
 
 
@@ -458,6 +459,12 @@ class ResourcesConfig(Section):
     )
     num_gpus: int | None = Field(
         None, ge=0, description="GPUs declared to a locally started Ray (None = every visible GPU)."
+    )
+    data_plane_cpus: float = Field(
+        1.0,
+        ge=0,
+        description="Logical Ray CPUs of each TransferQueue actor (its controller and storage unit); where they "
+        "go is resources.placement.data_plane.",
     )
     placement: dict[str, PlacementConfig] = Field(
         default_factory=dict,

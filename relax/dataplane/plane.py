@@ -310,13 +310,14 @@ class PlaneClient:
         self._plane = plane
 
 
-def create_data_plane(kind: str, host: str | None = None) -> DataPlane:
+def create_data_plane(kind: str, host: str | None = None, actor_options: dict | None = None) -> DataPlane:
     """Called once by the Controller before the roles start: the shared plane of kind `kind`; servers it
-    starts in this process (TransferQueue's doorbell hub) listen on `host` (default: Ray's node IP)."""
+    starts in this process (TransferQueue's doorbell hub) listen on `host` (default: Ray's node IP);
+    `actor_options`: Ray options of each TransferQueue actor (CPUs and placement, `resources.*`)."""
     if kind == "transferqueue":
         from relax.dataplane.transferqueue import TransferQueueDataPlane
 
-        return TransferQueueDataPlane.create(host=host)
+        return TransferQueueDataPlane.create(host=host, actor_options=actor_options)
     if kind == "ray":
         return RayDataPlane.create()
     raise ValueError(f"unknown schedule.data_plane {kind!r}; valid: ray, transferqueue")

@@ -147,6 +147,7 @@ class TransferQueueDataPlane:
         self._listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, doorbell.Listener] = (
             weakref.WeakKeyDictionary()
         )
+        self._actors: Any = None  # `tq_start.TQActors` this process started (`create`), stopped by `close`
 
     def _doorbell(self, kind: str) -> str | None:
         """The hub's address for `kind` ("writers" or "listeners"), None for a plane without one."""
@@ -194,32 +195,44 @@ class TransferQueueDataPlane:
         return await getattr(client, f"async_{name}")(*args, **kwargs)
 
     @classmethod
-    def create(cls, num_storage_units: int = 1, host: str | None = None) -> TransferQueueDataPlane:
-        """Start TQ's controller and storage units (once per run) and install `RelaxTQSampler`."""
+    def create(
+        cls,
+        num_storage_units: int = 1,
+        host: str | None = None,
+        actor_options: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> TransferQueueDataPlane:
+        """Start TQ's controller and storage units (once per run; `relax.dataplane.tq_start`: Ray's
+        ordinary scheduling with `actor_options`, the Ray options of each actor, default one CPU each as
+        TQ asks) with `RelaxTQSampler`; attach instead when a TQ controller already runs."""
         import ray
-        import transfer_queue as tq
-        from omegaconf import OmegaConf
+        from transfer_queue.client import TransferQueueClient
 
-        hub = doorbell.DoorbellHub(host or ray.util.get_node_ip_address())
-        conf = OmegaConf.create(
-            {
-                "controller": {"polling_mode": True},
-                "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}},
-                DOORBELL_KEY: {"writers": hub.writers, "listeners": hub.listeners},
-            }
-        )
+        from relax.dataplane.tq_start import CONTROLLER_NAME, NAMESPACE, START_TIMEOUT_S, start_tq
+
         try:
-            tq.init(conf)
-            controller = ray.get_actor("TransferQueueController", namespace="transfer_queue")
-            ray.get(controller.register_sampler.remote(RelaxTQSampler()))
-            plane = cls._with_conf(tq.get_client(), controller)
+            ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+            return cls.connect()  # another run (or an earlier create) started it
+        except ValueError:
+            pass
+        hub = doorbell.DoorbellHub(host or ray.util.get_node_ip_address())
+        overrides = {
+            "controller": {"polling_mode": True},
+            "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}},
+            DOORBELL_KEY: {"writers": hub.writers, "listeners": hub.listeners},
+        }
+        options = {"num_cpus": 1.0, **(actor_options or {})}
+        try:
+            actors = start_tq(overrides, RelaxTQSampler(), options, timeout_s or START_TIMEOUT_S)
         except BaseException:
             hub.close()
             raise
-        if plane._doorbell("listeners") != hub.listeners:  # attached to a TQ that another run started
-            hub.close()
-        else:
-            plane._hub = hub
+        conf = actors.conf
+        client = TransferQueueClient(f"TransferQueueClient_{os.getpid()}", conf.controller.zmq_info)
+        client.initialize_storage_manager(manager_type="SimpleStorage", config=conf.backend.SimpleStorage)
+        plane = cls(client)
+        plane._conf, plane._hub, plane._actors = conf, hub, actors
+        plane._bell = doorbell.Bell(hub.writers)  # connected now: subscriptions reach it before a write
         return plane
 
     @classmethod
@@ -235,8 +248,10 @@ class TransferQueueDataPlane:
     def _with_conf(cls, client: Any, controller: Any) -> TransferQueueDataPlane:
         import ray
 
+        from relax.dataplane.tq_start import START_TIMEOUT_S
+
         plane = cls(client)
-        plane._conf = ray.get(controller.get_config.remote())
+        plane._conf = ray.get(controller.get_config.remote(), timeout=START_TIMEOUT_S)
         address = plane._doorbell("writers")
         if address is not None:  # connected now, so the subscriptions reach it before the first write
             plane._bell = doorbell.Bell(address)
@@ -404,7 +419,15 @@ class TransferQueueDataPlane:
                 client.close()
             except Exception:  # noqa: BLE001 - best effort on the way out
                 logger.exception("closing a TransferQueue client failed")
-        await asyncio.to_thread(tq.close)
+        if self._actors is not None:  # started here: TQ's module state knows nothing of it
+            actors, self._actors = self._actors, None
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                logger.exception("closing the TransferQueue client failed")
+            await asyncio.to_thread(actors.close)
+        else:
+            await asyncio.to_thread(tq.close)
         if self._hub is not None:
             self._hub.close()
             self._hub = None

@@ -34,6 +34,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     except RunStopped as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:  # the second SIGTERM / Ctrl-C: the Controller stops at once
+        print(
+            "relax train: stopped at once by a second signal (no checkpoint of the step in flight)",
+            file=sys.stderr,
+        )
+        return 130
     logger.info("done at step %d; run folder: %s", step, cfg.run.run_dir)
     return 0
 

@@ -17,7 +17,6 @@ import secrets
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -27,11 +26,12 @@ from relax.config.modes import overlaps_push, resolve_auto
 from relax.config.paths import resolve_paths
 from relax.config.schema import register_config_secrets
 from relax.dataplane.plane import DataPlane, create_data_plane
+from relax.dataplane.tq_start import DataPlaneStartError
 from relax.ops.heartbeat import close_board
 from relax.ops.notify import Notifier
 from relax.ops.trace import StepPhases
 from relax.orchestration import checkpoint as ckpt
-from relax.orchestration import gpus, preflight, service
+from relax.orchestration import fit, gpus, preflight, service
 from relax.orchestration.health import HealthManager
 from relax.orchestration.progress import Progress
 from relax.orchestration.recovery import run_with_restarts
@@ -45,10 +45,65 @@ from relax.utils.placement import ray_placement
 from relax.utils.redact import write_secret_file
 from relax.utils.timer import timer
 
-HARD_EXIT_S = 60.0  # after a second stop signal, the most the clean-up may take
+# After a second stop signal, the most the clean-up may take before the process exits anyway (a thread
+# stuck in a call to Ray must not keep it alive); within the ops.stop_grace_s + 10 s a stop promises.
+HARD_EXIT_S = 10.0
 SUMMARY = ("rollout/reward_mean", "train/loss", "health/role_restarts", "health/engine_restarts")
 
 logger = logging.getLogger(__name__)
+
+
+class _Background:
+    """`fn(*args)` on a daemon thread: a call stuck in Ray never keeps the process from exiting, and the
+    waiting thread can give up on it."""
+
+    WAIT_SLICE_S = 0.2  # how often `result` looks at its `check`
+
+    def __init__(self, fn, *args) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._value, self._error, self._close = None, None, None
+        self._finished = threading.Event()
+        threading.Thread(target=self._run, args=(fn, *args), name="data-plane", daemon=True).start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            value, error = None, e
+        with self._lock:
+            self._value, self._error, self._done = value, error, True
+            close = self._close
+        self._finished.set()
+        if close is not None and value is not None:
+            close(value)  # given up on: nobody else will close it
+
+    def abandon(self, close) -> None:
+        """Nobody will take the value: `close(value)` now if it is there, else when it comes."""
+        with self._lock:
+            done, self._close = self._done, close
+        if done and self._value is not None:
+            close(self._value)
+
+    def result(self, check, close):
+        """The value, calling `check()` (which raises to give up; the value then goes to `close`)
+        between short waits."""
+        try:
+            while not self._finished.wait(self.WAIT_SLICE_S):
+                check()
+        except BaseException:
+            self.abandon(close)
+            raise
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _close_plane(plane: DataPlane) -> None:
+    try:
+        asyncio.run(plane.close())
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        logger.exception("closing the data plane failed")
 
 
 class Controller:
@@ -91,9 +146,12 @@ class Controller:
         self._install_signal_handlers()  # again: starting Ray's core worker put its own SIGTERM handler in
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
         try:
-            preflight.check_nodes(self.cfg)
             # what is decided automatically is decided before config.yaml records what runs
             gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
+            fit.check_cluster_fit(self.cfg, self._role_specs(None))  # before any actor: seconds, not a hang
+            self._check_stop("the cluster was checked")
+            preflight.check_nodes(self.cfg)
+            self._check_stop("the nodes were checked")
             resolve_auto(self.cfg)
             r.bind = resolve_bind(r.bind)
             self._run_token()
@@ -154,24 +212,30 @@ class Controller:
             or self._owns_ray
         )
         gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
+        self._check_stop("the roles started")
         self._gpu_group = gpus.ensure_gpu_group(self.cfg, gpus.cluster_gpus())
         service.start_serve()
-        specs = [
-            RoleSpec("metrics", MetricsRole, 0.25, {"resume_step": resume_step}),
-            *roles_for(self.cfg),
-        ]
-        self.specs = {spec.name: spec for spec in specs}
+        self.specs = {spec.name: spec for spec in self._role_specs(resume_step)}
         self.health.known.clear()
         # The data plane (TransferQueue's controller and storage units: seconds of process start-up on a
         # small host) starts while the roles' replicas start; roles connect to it on first use, which
         # is after this method returns.
-        with ThreadPoolExecutor(1, thread_name_prefix="data-plane") as pool:
-            plane = pool.submit(create_data_plane, self.cfg.schedule.data_plane, bind_address(r.bind))
-            try:
-                roles = [self._role(name) for name in self.specs]
-                self.handles.update(service.deploy_roles(roles, should_stop=lambda: self.stop_requested))
-            finally:
-                self.plane = plane.result()
+        plane = _Background(
+            create_data_plane,
+            self.cfg.schedule.data_plane,
+            bind_address(r.bind),
+            {"num_cpus": r.data_plane_cpus, **ray_placement(self.cfg, "data_plane")},
+        )
+        try:
+            roles = [self._role(name) for name in self.specs]
+            self.handles.update(service.deploy_roles(roles, should_stop=lambda: self.stop_requested))
+        except BaseException:
+            plane.abandon(_close_plane)  # a stop or a failed role does not wait for it
+            raise
+        try:
+            self.plane = plane.result(lambda: self._check_stop("the data plane started"), _close_plane)
+        except DataPlaneStartError as e:
+            raise service.RoleStartError("data_plane", str(e)) from e
         self.health.watch(list(self.specs))
         self.rollout, self.actor, self.metrics = (
             self.handles["rollout"],
@@ -184,6 +248,14 @@ class Controller:
         self.flow.watch = self.watchdog.check
         self.flow.weights.wait = self.watchdog.wait
         self.flow.group.reform(self.rollout.engine_urls.remote().result())
+
+    def _role_specs(self, resume_step: int | None) -> list[RoleSpec]:
+        return [RoleSpec("metrics", MetricsRole, 0.25, {"resume_step": resume_step}), *roles_for(self.cfg)]
+
+    def _check_stop(self, phase: str) -> None:
+        """Raise `RunStopped` when a stop was requested (start-up checks this between its phases)."""
+        if self.stop_requested:
+            raise service.RunStopped(f"stop requested before {phase}")
 
     def _role(self, name: str, **override) -> service.RoleDeployment:
         spec = self.specs[name]
