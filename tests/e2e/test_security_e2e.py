@@ -6,6 +6,9 @@ secrets planted in its config end up.
 * The remote reward's credentials, the notification URL's password and the run's token appear in no
   file of the run folder (W&B's offline folder included) and nowhere in the captured log; the token's
   own file is readable by its owner only.
+* The Ray cluster the run starts asks for Ray's token (RAY_AUTH_MODE=token in its GCS and raylet), a
+  token of the run's own in `secrets/ray_token` (owner only), which is in no other file and not in the
+  log. The run starts from an environment without Ray auth settings, as a user's shell would.
 """
 
 from __future__ import annotations
@@ -33,13 +36,20 @@ PLANTED = {
 }
 
 
-def _marked_listeners() -> set[tuple[str, str, int]]:
-    """(process name, address, port) of every listening TCP socket of the run's processes."""
+def _marked_listeners(ray_auth: dict[str, str]) -> set[tuple[str, str, int]]:
+    """(process name, address, port) of every listening TCP socket of the run's processes; `ray_auth`
+    gets the RAY_AUTH_* settings of its Ray processes (GCS, raylet)."""
     found = set()
     for proc in psutil.process_iter(["pid", "name"]):
         try:
-            if MARK.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes():
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+            if MARK.encode() not in environ:
                 continue
+            if proc.info["name"] in ("gcs_server", "raylet"):
+                for item in environ.split(b"\0"):
+                    k, _, v = item.decode(errors="replace").partition("=")
+                    if k.startswith("RAY_AUTH"):
+                        ray_auth[f"{proc.info['name']} {k}"] = v
             for conn in proc.net_connections("inet"):
                 if conn.status == psutil.CONN_LISTEN:
                     found.add((proc.info["name"], conn.laddr.ip, conn.laddr.port))
@@ -81,7 +91,7 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
         "ops.checkpoint_interval=3",
     ]
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},  # a user's shell
         "RELAX_TEST_MARK": MARK,
         "RELAX_RUN_TOKEN": PLANTED["run token"],
         "RELAX_LOG_LEVEL": "DEBUG",
@@ -89,6 +99,7 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
     }
     log_file = tmp_path / "log.txt"
     listeners: set[tuple[str, str, int]] = set()
+    ray_auth: dict[str, str] = {}
     with open(log_file, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "relax.entrypoints.cli", "train", *args],
@@ -100,7 +111,7 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
         deadline = time.monotonic() + 600
         try:
             while proc.poll() is None and time.monotonic() < deadline:
-                listeners |= _marked_listeners()
+                listeners |= _marked_listeners(ray_auth)
                 time.sleep(0.5)
         finally:
             if proc.poll() is None:
@@ -116,11 +127,20 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
     token_file = run_dir / "secrets" / "run_token"
     assert token_file.read_text().strip() == PLANTED["run token"]
     assert token_file.stat().st_mode & 0o077 == 0, oct(token_file.stat().st_mode)
-    files = [p for p in run_dir.rglob("*") if p.is_file() and p != token_file]
+    ray_token_file = run_dir / "secrets" / "ray_token"
+    assert ray_token_file.stat().st_mode & 0o077 == 0, oct(ray_token_file.stat().st_mode)
+    assert ray_auth == {
+        "gcs_server RAY_AUTH_MODE": "token",
+        "gcs_server RAY_AUTH_TOKEN_PATH": str(ray_token_file),
+        "raylet RAY_AUTH_MODE": "token",
+        "raylet RAY_AUTH_TOKEN_PATH": str(ray_token_file),
+    }, ray_auth
+    planted = {**PLANTED, "ray token": ray_token_file.read_text().strip()}
+    files = [p for p in run_dir.rglob("*") if p.is_file() and p not in (token_file, ray_token_file)]
     assert any(p.name == "config.yaml" for p in files) and any("wandb" in p.parts for p in files), files
     for path in [*files, log_file]:
         data = path.read_bytes()
-        for what, secret in PLANTED.items():
+        for what, secret in planted.items():
             assert secret.encode() not in data, f"the {what} is in {path}"
     dumped = json.dumps(__import__("yaml").safe_load((run_dir / "config.yaml").read_text()))
     assert "***" in dumped  # the credentials are there, masked
