@@ -16,6 +16,9 @@ def test_parser_builds_the_serve_command():
     add_engine_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["engine", "serve", "--model", "m", "--port", "0", "--max-running", "4"])
     assert args.model == "m" and args.port == 0 and args.max_running == 4 and callable(args.func)
+    assert not args.disable_prefix_cache
+    for flag in ("--disable-prefix-cache", "--disable-radix-cache"):  # ours and SGLang's name
+        assert parser.parse_args(["engine", "serve", "--model", "m", flag]).disable_prefix_cache
 
 
 def test_serve_until_sigterm(bare_model_dir):
