@@ -49,6 +49,11 @@ def enable_ray_token(secrets_dir: Path | str | None) -> Path | None:
         return None
     given = os.environ.get(PATH_ENV)
     if os.environ.get(TOKEN_ENV) or (given and given != _ours):
+        if not os.environ.get(TOKEN_ENV) and not _readable(given):  # Ray would abort the process on it
+            raise RuntimeError(
+                f"{PATH_ENV}={given} cannot be read (Ray's token for the local cluster): fix or unset it; "
+                "unset, Relax makes a token of the run's own"
+            )
         os.environ[MODE_ENV] = "token"
         _refresh_ray()
         return None
@@ -77,6 +82,13 @@ def _token_file(secrets_dir: Path | str | None) -> Path:
     write_secret_file(path, token)  # 0600 again, even for a reused file
     register_secret(token)  # masked in this process's logs, should it ever reach one
     return path
+
+
+def _readable(path: str) -> bool:
+    try:
+        return bool(Path(path).read_text().strip())
+    except OSError:
+        return False
 
 
 def _ray_running() -> bool:

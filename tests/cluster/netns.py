@@ -174,7 +174,8 @@ class SimulatedCluster:
         env = {
             k: v
             for k, v in os.environ.items()
-            if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")
+            # the test session's own Ray token (RAY_AUTH_TOKEN_PATH) is not the simulated cluster's
+            if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")
         }
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, PYTHONUNBUFFERED="1")
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"

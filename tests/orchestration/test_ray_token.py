@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 START = textwrap.dedent(
     """
     import sys
@@ -65,6 +63,52 @@ def _join(address: str, home: Path, **extra: str) -> str:
     return lines[-1]
 
 
+@pytest.fixture
+def token_env(monkeypatch):
+    """`enable_ray_token` as before a cluster starts: no Ray auth settings, Ray not running here (this
+    process's Ray, if a test started one, is left alone)."""
+    from relax.orchestration import ray_token
+
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.setenv(k, "")  # recorded, so what the test sets is undone after it
+        monkeypatch.delenv(k)
+    monkeypatch.setattr(ray_token, "_ray_running", lambda: False)
+    monkeypatch.setattr(ray_token, "_refresh_ray", lambda: None)
+    monkeypatch.setattr(ray_token, "_ours", None)
+    return ray_token
+
+
+def test_a_run_gets_its_own_token_and_keeps_it_on_resume(token_env, tmp_path):
+    first = token_env.enable_ray_token(tmp_path / "a" / "secrets")
+    assert first == tmp_path / "a" / "secrets" / "ray_token" and first.stat().st_mode & 0o077 == 0
+    assert os.environ["RAY_AUTH_MODE"] == "token" and os.environ["RAY_AUTH_TOKEN_PATH"] == str(first)
+    token = first.read_text()
+    first.chmod(0o644)
+    assert token_env.enable_ray_token(tmp_path / "a" / "secrets") == first  # --resume
+    assert first.read_text() == token and first.stat().st_mode & 0o077 == 0
+    other = token_env.enable_ray_token(tmp_path / "b" / "secrets")  # the next run in this process
+    assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(other) and other.read_text() != token
+
+
+def test_the_users_environment_wins(token_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert token_env.enable_ray_token(tmp_path / "s") is None
+    assert "RAY_AUTH_TOKEN_PATH" not in os.environ and not (tmp_path / "s").exists()
+
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    mine = tmp_path / "my_token"
+    mine.write_text("f" * 64)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(mine))
+    assert token_env.enable_ray_token(tmp_path / "s") is None
+    assert os.environ["RAY_AUTH_MODE"] == "token" and os.environ["RAY_AUTH_TOKEN_PATH"] == str(mine)
+    assert not (tmp_path / "s").exists()
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
+    with pytest.raises(RuntimeError, match="cannot be read"):  # Ray would abort the process instead
+        token_env.enable_ray_token(tmp_path / "s")
+
+
+@pytest.mark.slow
 def test_a_process_without_the_token_cannot_join_the_cluster_relax_started(tmp_path):
     secrets = tmp_path / "run" / "secrets"
     owner, stranger = tmp_path / "owner", tmp_path / "stranger"
