@@ -14,12 +14,14 @@ import logging
 from typing import Any
 
 from relax.config import RelaxConfig
-from relax.ops.engine_recovery import EngineSupervisor
+from relax.ops.engine_recovery import START_TIMEOUT_S, EngineSupervisor
 from relax.rollout.router import Router
 from relax.utils.net import bind_address
 from relax.utils.placement import ray_placement
 
 logger = logging.getLogger(__name__)
+
+REPLACEMENT_WAIT_S = START_TIMEOUT_S + 120.0  # a replacement's start, then the push that gives it weights
 
 
 def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
@@ -58,6 +60,8 @@ class EngineFleet:
             self.supervisor = EngineSupervisor(
                 self.group, self.router, cfg.model.path, engine_kwargs(cfg), cfg.ops.heartbeat_interval_s
             )
+            # a request whose only engine died waits for the replacement (a start and a weight push)
+            self.router.replacement_wait_s = REPLACEMENT_WAIT_S
         self.elastic: Any = None  # ElasticManager, once `start_elastic` ran
         self._elastic_server: Any = None
 
@@ -113,9 +117,10 @@ class EngineFleet:
 
     # -- failed engines ----------------------------------------------------------------------
     async def replace_dead(self) -> dict:
-        """Replace failed embedded engines; `urls` is the weight-sync group to form, `replaced` how many."""
+        """Replace failed embedded engines; `urls` is the weight-sync group to form, `replaced` how many,
+        `pending` the replacements that hold no weights yet."""
         if self.supervisor is None:
-            return {"urls": self.router.urls(), "replaced": 0}
+            return {"urls": self.router.urls(), "replaced": 0, "pending": []}
         return await self.supervisor.replace_dead()
 
     def admit(self) -> list[str]:

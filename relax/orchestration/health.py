@@ -13,8 +13,11 @@ costs.
 * **Inference engines** are checked before every weight push: the Rollout replaces failed ones, and
   `engines_replaced` tells the push (`relax.orchestration.weight_push`) to re-form the weight-sync group
   with the survivors and replacements, so a push never waits on a dead engine; replacements take
-  requests only after the push (the Rollout's `finish_weight_update`). The HealthManager decides and
-  counts; it never calls the Actor.
+  requests only after the push (the Rollout's `finish_weight_update`). An engine whose actor died is
+  replaced by the Rollout at once; when requests wait because no engine is left to serve them (the
+  `engines` beat), `watch_engines` has the driver push the current weights to the replacements without
+  waiting for the next step (`WeightPush.repair`). The HealthManager decides and counts; it never calls
+  the Actor.
 
 Counts of restarts are reported to the Metrics service as `health/*`.
 """
@@ -22,6 +25,7 @@ Counts of restarts are reported to the Metrics service as `health/*`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +56,7 @@ class HealthManager:
         self.known: dict[str, str] = {}  # role -> incarnation of the replica we initialised
         self.role_restarts: dict[str, int] = {}
         self.engine_restarts = 0
+        self._engine_watch: threading.Event | None = None  # set: the engine watch of this attempt ends
 
     def ask(self) -> Any:
         """Ask the board for its snapshot now; hand the answer to `check` later, so the round trip
@@ -166,6 +171,36 @@ class HealthManager:
             "engine", f"{info['replaced']} inference engine(s) replaced; engines now {info['urls']}"
         )
         return True
+
+    def engines_starved(self, snap: dict[str, dict[str, Any]]) -> bool:
+        """Whether the Rollout's requests wait for replacement engines that hold no weights yet (its
+        supervisor's `engines` beat, relax/ops/engine_recovery.py)."""
+        info = snap.get("engines", {}).get("info", {})
+        return bool(info.get("waiting")) and bool(info.get("pending"))
+
+    def watch_engines(self, repair: Callable[[], None]) -> None:
+        """From now until `unwatch_engines`, read the board every heartbeat interval on a daemon thread
+        and call `repair()` (which pushes the current weights to the pending replacements) whenever
+        requests wait for them. A failed repair is logged and tried again; the requests' own wait is
+        bounded (`Router.replacement_wait_s`)."""
+        self.unwatch_engines()
+        stop = self._engine_watch = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(self.ops.heartbeat_interval_s):
+                try:
+                    if self.engines_starved(self._snapshot()) and not stop.is_set():
+                        logger.warning("requests wait for replacement engines: pushing them the weights now")
+                        repair()
+                except Exception:  # noqa: BLE001 - the next round tries again
+                    logger.exception("pushing the weights to replacement engines failed")
+
+        threading.Thread(target=loop, name="engine-watch", daemon=True).start()
+
+    def unwatch_engines(self) -> None:
+        stop, self._engine_watch = self._engine_watch, None
+        if stop is not None:
+            stop.set()
 
     def metrics(self) -> dict[str, float]:
         return {

@@ -75,7 +75,10 @@ class StepFlow:
         return self.weights.rollout_metrics
 
     def start(self, first_step: int) -> None:
-        """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`."""
+        """Streaming modes: Rollout (gated by staleness) and the stage roles start from `first_step`.
+        Every mode: the HealthManager's engine watch starts (requests waiting for replacement engines)."""
+        if self.health is not None:
+            self.health.watch_engines(self.weights.repair)
         if not self.streaming:
             return
         for handle in self.stages.values():
@@ -221,6 +224,8 @@ class StepFlow:
         logger.info("%s restarted; it continues from step %d", name, first)
 
     def stop(self) -> None:
+        if self.health is not None:
+            self.health.unwatch_engines()
         try:
             self.settle()
         except Exception:  # noqa: BLE001 - best effort on the way out; the push's error was logged

@@ -23,10 +23,13 @@ answers whether engines changed).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+
+from relax.utils import faults
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +90,8 @@ class WeightPush:
         self._preparing: Any = None  # the Rollout's `prepare_weight_update`, sent by `begin`
         self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push
         self._pushing = 0  # the trained step whose weights the push in progress sends
+        self.version: int | None = None  # the weight version the receivers hold (of the last push)
+        self._lock = threading.Lock()  # one push or repair at a time (`repair` runs on another thread)
 
     def begin(self, trained_step: int, rollout_metrics: bool = False) -> None:
         """Send the push's first call (the Rollout's `prepare_weight_update`) now: in fully_async the push
@@ -102,6 +107,10 @@ class WeightPush:
         """Publish the weights trained through `trained_step`; returns the version the receivers hold."""
         if self._preparing is None or self._pushing != trained_step:
             self.begin(trained_step)
+        with self._lock:
+            return self._push(trained_step)
+
+    def _push(self, trained_step: int) -> int:
         preparing, self._preparing = self._preparing, None
         admit, version = False, None
         try:
@@ -113,7 +122,7 @@ class WeightPush:
             plan = self._apply_elastic_plan(prep["plan"])
             if plan is None:
                 self._regroup(prep["replaced"])
-            version = self._push_with_retry()
+            version = self.version = self._push_with_retry()
             admit = self.health is not None
             if plan is not None:
                 self.rollout.elastic_pushed.remote(version).result()
@@ -122,6 +131,22 @@ class WeightPush:
             self._finishing = self.rollout.finish_weight_update.remote(trained_step, admit, version)
         return version
 
+    def repair(self) -> None:
+        """Between pushes: give replacement engines the weights the others hold, so that requests waiting
+        for them (no engine left to serve) go on. Called from the HealthManager's engine watch thread;
+        the Actor sends the copy of the weights it kept for that version (overlap_push), else its current
+        weights, which are that version's while no update runs (colocate: the rollout or evaluation
+        waits; the streaming modes: the update waits for the rollout's data)."""
+        with self._lock:
+            info = self.rollout.replace_dead_engines.remote().result()
+            if not info.get("pending"):
+                return  # the last push took them in
+            self.health.engines_replaced(info)
+            self.group.reform(info["urls"])
+            version = self.actor.push_weights.remote(self.version).result()
+            admitted = self.rollout.admit_engines.remote().result()
+            logger.info("replacement engines %s hold weights v%s and take requests", admitted, version)
+
     def settle(self) -> None:
         """Wait for the last push's `finish_weight_update` (generation resumed, step counted consumed)."""
         finishing, self._finishing = self._finishing, None
@@ -129,6 +154,7 @@ class WeightPush:
             self.wait(finishing, "rollout", "resuming generation after the weight push")
 
     def _actor_push(self) -> int:
+        faults.point("weight_push.push")
         if self.overlap:  # the update after it may be running: the copy kept for the trained step
             return self.wait(self.actor.push_weights.remote(self._pushing), "actor", "the weight push")
         return self.wait(self.actor.push_weights.remote(), "actor", "the weight push")
@@ -157,6 +183,9 @@ class WeightPush:
         if self.health is not None and replaced is None:
             replaced = self.rollout.replace_dead_engines.remote().result()
         changed = self.health is not None and self.health.engines_replaced(replaced)
+        # pending replacements the group lacks (a repair that failed after counting them) join it too
+        pending = replaced.get("pending", []) if replaced is not None else []
+        changed = changed or any(u not in self.group.engines for u in pending)
         if changed or self.group.stale:
             urls = replaced["urls"] if replaced is not None else self.rollout.engine_urls.remote().result()
             self.group.reform(urls)

@@ -8,7 +8,10 @@
   unhealthy at once and the request is retried on another engine, from scratch.
 * **Health probes**: `probe()` asks every engine for `/health`; an unhealthy engine that answers is taken
   back, so a restarted engine returns to service. `start_health_checks()` probes in the background.
-  When no engine is healthy a request probes once before it gives up.
+  When no engine is healthy a request probes once; then, where failed engines are being replaced
+  (`replacement_wait_s` > 0: the Rollout's embedded engines), it waits that long for an engine to be
+  added or to answer again (`waiting` counts such requests: they hold no engine, so a weight update
+  need not wait for them), else it gives up.
 * **Membership** changes at run time: `add_engine(url)` / `remove_engine(url)`; requests in flight on a
   removed engine finish there.
 """
@@ -23,9 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from relax.engine_api.client import EngineClient, EngineRequestError, EngineUnavailableError
+from relax.utils import faults
 from relax.utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
+
+WAIT_POLL_S = 0.2  # how often a request waiting for an engine looks again
+WAIT_PROBE_S = 2.0  # how often it asks the engines for /health meanwhile
 
 
 class NoHealthyEngineError(RuntimeError):
@@ -65,6 +72,10 @@ class Router:
         self._groups: OrderedDict[str, str] = OrderedDict()  # group_key -> url
         self._retired: list[EngineEntry] = []  # removed engines whose requests are still in flight
         self._health_task: asyncio.Task | None = None
+        # with no engine healthy, how long a request waits for one (0: it fails at once); set where a
+        # supervisor replaces failed engines, so a request outlives the engine it was sent to
+        self.replacement_wait_s = 0.0
+        self.waiting = 0  # requests waiting for an engine now
         for url in urls:
             self.add_engine(url)
 
@@ -161,16 +172,23 @@ class Router:
         retry on another. `kwargs` go to `EngineClient.generate`."""
         tried: set[str] = set()
         probed = False
+        deadline: float | None = None  # of the wait for a replacement engine, once one began
         while len(tried) <= self.max_retries:
             entry = self._pick(tried, group_key)
             if entry is None:
-                if probed:
+                if not probed:
+                    probed = True  # every engine looked down: ask again before giving up
+                    await self.probe()
+                    continue
+                if deadline is None:
+                    deadline = time.monotonic() + self.replacement_wait_s
+                if not await self._wait_for_engine(deadline):
                     break
-                probed = True  # every engine looked down: ask again before giving up
-                await self.probe()
+                tried.clear()  # a replacement, or an engine back in service: a new chance for the request
                 continue
             entry.outstanding += 1
             try:
+                await faults.apoint("router.request")
                 out = await entry.client.generate(input_ids, sampling_params, **kwargs)
             except (EngineUnavailableError, EngineRequestError) as e:
                 if isinstance(e, EngineRequestError) and e.status != 503:
@@ -187,10 +205,27 @@ class Router:
                     await entry.client.close()
             entry.served += 1
             return out
+        waited = f"; waited {self.replacement_wait_s:g}s for a replacement" if deadline is not None else ""
         raise NoHealthyEngineError(
             f"no healthy inference engine could serve the request (tried: {sorted(tried) or 'none'}; "
-            f"known: {list(self.engines) or 'none'}); check the engine processes and their logs"
+            f"known: {list(self.engines) or 'none'}{waited}); check the engine processes and their logs"
         )
+
+    async def _wait_for_engine(self, deadline: float) -> bool:
+        """Wait until some engine is healthy (added, or answering again); False at `deadline`."""
+        self.waiting += 1
+        probed_at = time.monotonic()
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(WAIT_POLL_S)
+                if any(e.healthy for e in self.engines.values()):
+                    return True
+                if time.monotonic() - probed_at > WAIT_PROBE_S:
+                    probed_at = time.monotonic()
+                    await self.probe()
+            return False
+        finally:
+            self.waiting -= 1
 
     async def close(self) -> None:
         task, self._health_task = self._health_task, None

@@ -132,10 +132,8 @@ def test_the_only_engine_killed_mid_rollout_and_mid_push_is_replaced(
     cfg = fault_config(tiny_model_dir, arith_file, tmp_path, "only_engine", inbox.url, "trainer.num_steps=6")
     killed: list[tuple[str, int]] = []
 
-    def kill_at(point: str, after_step: int) -> None:
-        wait_for(lambda: len(steps_logged(cfg)) >= after_step, f"step {after_step}")
+    def kill_at(point: str) -> None:
         before = [pid for _, pid in killed]
-        faults.hold(fault_dir, point)
         faults.wait_reached(fault_dir, point)
         try:
             pid = wait_for(lambda: (p := beat_pid("engine/0")) not in before and p, "engine/0 heartbeat")
@@ -145,9 +143,11 @@ def test_the_only_engine_killed_mid_rollout_and_mid_push_is_replaced(
             faults.release(fault_dir, point)
 
     def plan() -> None:
-        kill_at("router.request", 2)  # mid-rollout: the request goes to the dead engine
-        kill_at("weight_push.push", 4)  # the group holds the dead engine when the push starts
+        kill_at("router.request")  # mid-rollout of step 1: the request goes to the dead engine
+        faults.hold(fault_dir, "weight_push.push", at=2)  # a later push: its group holds the dead engine
+        kill_at("weight_push.push")
 
+    faults.hold(fault_dir, "router.request")  # the first request of the run
     killer = Killer(plan)
     killer.start()
     assert Controller(cfg).run() == 6

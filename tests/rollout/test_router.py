@@ -160,3 +160,32 @@ def test_background_health_checks_mark_a_dead_engine(tiny_model_dir):
         asyncio.run(main())
     finally:
         proc.stop()
+
+
+def test_a_request_waits_for_a_replacement_when_no_engine_is_left(engines):
+    """The only engine is dead: with `replacement_wait_s` the request waits (it holds no engine meanwhile,
+    `waiting` says so) and is served by the engine added later; past the wait it fails naming it."""
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def main() -> None:
+        router = Router([dead], timeout_s=60)
+        router.replacement_wait_s = 120.0
+        try:
+            request = asyncio.create_task(router.generate(PROMPT, params(2)))
+            while router.waiting == 0:
+                assert not request.done(), request
+                await asyncio.sleep(0.05)
+            router.remove_engine(dead)
+            router.add_engine(engines[0].url)  # the replacement, once it holds the weights
+            out = await request
+            assert len(out.output_ids) == 2 and router.waiting == 0
+            router.remove_engine(engines[0].url)
+            router.add_engine(dead)
+            router.replacement_wait_s = 0.5
+            with pytest.raises(NoHealthyEngineError, match="waited 0.5s for a replacement"):
+                await router.generate(PROMPT, params(2))
+            assert router.waiting == 0
+        finally:
+            await router.close()
+
+    asyncio.run(main())
