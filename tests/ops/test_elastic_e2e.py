@@ -21,7 +21,7 @@ import pytest
 
 from relax.config import load_config
 from relax.orchestration.controller import Controller
-from relax.utils.auth import auth_headers, read_run_token
+from relax.utils.auth import auth_headers, engine_key, read_run_token
 from relax.utils.net import free_port
 
 pytestmark = pytest.mark.slow
@@ -85,9 +85,10 @@ class Checks:
         cmd += ["--port", str(port), "--threads", "1", "--max-running", "16"]
         token_file = self.run_dir / "secrets" / "run_token"
         token = wait(lambda: token_file.exists() and token_file.read_text().strip(), 180, "the run's token")
-        # an external engine serves a run only with the run's token (an engine that asks for another
-        # one answers the run's requests 401, and its scale-out fails)
-        env = {**os.environ, "RELAX_API_KEY": token}
+        # an external engine serves a run with its own key, derived from the run's token (an engine that
+        # asks for another one answers the run's requests 401, and its scale-out fails); the run's token
+        # itself is never sent to an engine (relax/utils/auth.py)
+        env = {**os.environ, "RELAX_API_KEY": engine_key(token, ext_url)}
         external = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         try:
             self._checks(ext_url)
