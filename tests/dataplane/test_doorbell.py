@@ -203,6 +203,34 @@ def test_forged_replayed_and_malformed_rings_are_dropped():
     unsigned.close()
 
 
+def test_in_a_run_rings_are_signed_with_the_run_tokens_key():
+    """Roles hold the run's token (set at their start-up): their bells sign with its key and their
+    listeners hear them; a listener of another run drops them."""
+    from relax.utils.auth import set_process_token
+
+    async def run():
+        set_process_token("the-run-token")
+        try:
+            async with _doorbell() as (hub, bell, listener):
+                other = doorbell.Listener(hub.listeners, key=doorbell.doorbell_key("another-run"))
+                try:
+                    bell.ring("p", {"rows": 2})
+                    assert await listener.wait("p", ["rows"], 2, 0, 5.0)
+                    for _ in range(500):  # until its subscription reached the hub and a ring came
+                        bell.ring("q", {"rows": 1})
+                        other.drain()
+                        if other.dropped:
+                            break
+                        await asyncio.sleep(0.01)
+                    assert other.dropped and other.rings("q") == 0
+                finally:
+                    other.close()
+        finally:
+            set_process_token(None)
+
+    asyncio.run(run())
+
+
 def _all(sock) -> list[list[bytes]]:
     out = []
     while sock.poll(0):
