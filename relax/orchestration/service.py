@@ -89,6 +89,12 @@ def start_ray(
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
         )
+        # where an operator reaches it (`ray status --address`, with the token: docs/cluster.md)
+        logger.info(
+            "started a local Ray cluster at %s (token authentication: %s)",
+            ray.get_runtime_context().gcs_address,
+            os.environ.get("RAY_AUTH_MODE", "Ray's default"),
+        )
     logger.info("ray resources: %s", ray.cluster_resources())
     return True
 
