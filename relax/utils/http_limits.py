@@ -9,18 +9,66 @@ for ever. `RequestLimits` answers instead:
 * 408 when the body stops arriving for `read_timeout_s`. Only reads of the body are timed: once it is
   complete, `receive` passes through untouched, so a streaming response that waits for the client's
   disconnect is not cut off.
+
+After a body of `TRIM_AFTER_BYTES` or more, the memory freed is handed back to the OS
+(`release_freed_memory`), so a large request, served or refused, does not leave the server larger.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import json
+import threading
+import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_READ_TIMEOUT_S = 30.0
+# After a body this large, freed memory is handed back to the OS (`release_freed_memory`)
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
+TRIM_EVERY_S = 5.0  # at most one trim this often (it walks the whole heap); later ones wait their turn
+_trim_lock = threading.Lock()
+_trim_pending = False
+_last_trim = float("-inf")
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free memory back to the OS soon (glibc's `malloc_trim`, on a timer thread; a no-op
+    elsewhere). Once a large request body has been parsed and dropped, glibc keeps its buffers: after
+    freeing a large block it raises its mmap threshold, so the next large ones come from the heap, and
+    stay there once freed, and a server's memory grows by several bodies' worth for good."""
+    global _trim_pending
+    trim = _malloc_trim()
+    if trim is None:
+        return
+    with _trim_lock:
+        if _trim_pending:  # the pending trim runs after this body was freed too
+            return
+        _trim_pending = True
+        delay = max(0.0, _last_trim + TRIM_EVERY_S - time.monotonic())
+    timer = threading.Timer(delay, _run_trim, args=(trim,))
+    timer.daemon = True
+    timer.start()
+
+
+def _run_trim(trim: Any) -> None:
+    global _trim_pending, _last_trim
+    with _trim_lock:
+        _trim_pending = False
+        _last_trim = time.monotonic()
+    trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
 
 
 class RequestLimits:
@@ -89,6 +137,9 @@ class RequestLimits:
         except Exception:
             if not cut:  # the app's own error, not the disconnect this middleware caused
                 raise
+        finally:
+            if seen >= TRIM_AFTER_BYTES:
+                release_freed_memory()
 
     def _too_large(self, declared: int | None) -> str:
         size = f" ({declared} bytes)" if declared is not None else ""

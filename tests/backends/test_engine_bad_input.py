@@ -7,11 +7,14 @@ model on 127.0.0.1 (the session's shared one)."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+
+from relax.utils import http_limits
 
 TIMEOUT_S = 120  # generous: a request the server never answers fails the test instead of stalling it
 NORMAL = {
@@ -143,7 +146,10 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(engine_server, tokenizer, pa
 def test_a_text_far_over_the_context_is_refused_before_it_is_tokenized(
     engine_server, tokenizer, monkeypatch, path, body
 ):
-    """12 MB of text: refused after tokenizing about two contexts' worth of it, never the whole."""
+    """12 MB of text: refused after tokenizing about two contexts' worth of it, never the whole; the
+    memory its body took is handed back to the OS afterwards."""
+    trims: list[int] = []
+    monkeypatch.setattr(http_limits, "release_freed_memory", lambda: trims.append(1))
     tokenized: list[int] = []
     encode = tokenizer.encode
 
@@ -159,6 +165,11 @@ def test_a_text_far_over_the_context_is_refused_before_it_is_tokenized(
     limit = engine_server.engine.max_context_len
     assert tokenized and max(tokenized) < 100 * limit, tokenized[-3:]  # pieces, not the 12M characters
     assert sum(tokenized) < len(text) // 10
+    for _ in range(200):  # the trim is asked for once the response has gone out
+        if trims:
+            break
+        time.sleep(0.05)
+    assert trims  # the body was over http_limits.TRIM_AFTER_BYTES
 
 
 def test_a_long_text_that_fits_is_still_served(engine_server, tokenizer):
@@ -181,3 +192,14 @@ def test_stop_token_ids_outside_the_vocabulary_are_a_400(engine_server):
     chat = {"messages": [{"role": "user", "content": "hi"}], "stop_token_ids": [vocab]}
     resp = post(engine_server.url, "/v1/chat/completions", chat)
     assert resp.status_code == 400 and str(vocab) in resp.json()["error"]["message"]
+
+
+def test_release_freed_memory_trims_once_per_burst():
+    """Several large bodies in a row ask for one trim at a time (the heap walk is not free)."""
+    for _ in range(3):
+        http_limits.release_freed_memory()
+    for _ in range(400):  # the pending trim waits at most TRIM_EVERY_S after the last one
+        if not http_limits._trim_pending:
+            break
+        time.sleep(0.05)
+    assert not http_limits._trim_pending
