@@ -79,6 +79,27 @@ def test_a_shared_prefix_is_not_prefilled_again(tiny_model_dir):
         e.shutdown()
 
 
+def test_requests_sharing_a_prompt_sent_together_prefill_it_once(tiny_model_dir):
+    """A GRPO group sent as 8 separate requests in one burst: the first prefills the prompt, the others
+    wait one step and take it from the cache."""
+    prompts = [SYSTEM + [200 + i % 2, 201] for i in range(8)]  # two variants of the last tokens
+    results = {}
+    for cache in (False, True):
+        e = _engine(tiny_model_dir, cache=cache)
+        try:
+            e.pause()  # all queued before the first admission
+            futures = [e.submit(p, GREEDY) for p in prompts]
+            e.resume()
+            results[cache] = [f.result(timeout=60)[0].output_ids for f in futures]
+            s = e.scheduler
+            if cache:
+                cached = len(SYSTEM) // BLOCK * BLOCK
+                assert s.prefill_computed == len(prompts[0]) + 7 * (len(prompts[0]) - cached)
+        finally:
+            e.shutdown()
+    assert results[True] == results[False]
+
+
 def _perturbed(tiny_model_dir, out_dir) -> dict[str, torch.Tensor]:
     """New weights in a model folder of their own (and as tensors)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

@@ -103,6 +103,10 @@ class PrefixCache:
         self.hit_tokens += len(chain) * BLOCK
         return chain
 
+    def peek(self, tokens: list[int], limit: int) -> int:
+        """How many blocks of `tokens` (no more than `limit` tokens) `match` would find; touches nothing."""
+        return len(self._walk(tokens, limit // BLOCK))
+
     def load(self, hits: list[tuple[list[_Block], int]], store: Tensor) -> None:
         """Copy each (chain, slot)'s blocks into columns 0.. of that slot of a `SlotKVCache` store
         [2, layers, S, H_kv, C, D], all in one gather and one scatter."""

@@ -30,8 +30,9 @@ whose prompt ids do not say what the media were), each admitted prompt first loo
 prefix: the hit's blocks are copied into its slot and only the rest is prefilled (`prefill_after`); the
 prompt's blocks are cached after its prefill, and prompt + output when a sample finishes. The cache holds
 what the running batch's reservations leave of `max_total_tokens` and gives memory back (LRU) at every
-admission, so it never keeps a request out. `prefill_computed` / `prefill_submitted` count prompt tokens
-computed and asked for.
+admission, so it never keeps a request out. A prompt that shares two or more uncached blocks with an
+earlier prompt of the same admission waits one step for them (`_defer_shared`). `prefill_computed` /
+`prefill_submitted` count prompt tokens computed and asked for.
 
 Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
 prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
@@ -223,6 +224,8 @@ class Scheduler:
 
     def _admit(self) -> int:
         units = self._take_units()
+        if self.prefix is not None and len(units) > 1:
+            units = self._defer_shared(units)
         if not units:
             return 0
         seqs = [s for u in units for s in u]
@@ -272,6 +275,33 @@ class Scheduler:
         self.batch = None
         self._drop_finished()
         return len(fresh)
+
+    def _defer_shared(self, units: list[list[Sequence]]) -> list[list[Sequence]]:
+        """In-batch sharing (SGLang's in-batch prefix check): a prompt whose leading blocks an earlier
+        prompt of this admission computes, and the cache does not hold, goes back to the front of the
+        queue; one step later it finds them in the cache. The GRPO samples of a group sent as separate
+        requests arrive together, and would otherwise each prefill the whole prompt. The first unit is
+        always admitted, so the queue moves."""
+        seen: set[int] = set()
+        keep: list[list[Sequence]] = []
+        later: list[list[Sequence]] = []
+        for u in units:
+            p = u[0].prefill_ids()
+            n = (len(p) - 1) // BLOCK  # the blocks a hit may cover
+            chain, h = [], 0
+            for i in range(n):  # a hash per leading prefix: a scheduling hint, a collision costs nothing
+                h = hash((h, tuple(p[i * BLOCK : (i + 1) * BLOCK])))
+                chain.append(h)
+            shared = 0
+            while shared < n and chain[shared] in seen:
+                shared += 1
+            if keep and shared - self.prefix.peek(p, len(p) - 1) >= 2:  # 2+ blocks to gain by waiting
+                later.append(u)
+            else:
+                keep.append(u)
+                seen.update(chain)
+        self.waiting.extendleft(reversed(later))
+        return keep
 
     def _prefill(
         self, prompts: list[list[int]], slots: list[int], hits: list[list], starts: list[int]
