@@ -75,6 +75,12 @@ def test_a_shared_prefix_is_not_prefilled_again(tiny_model_dir):
         before = e.scheduler.prefill_computed
         e.generate(second, GREEDY)
         assert e.scheduler.prefill_computed - before == len(second) - (len(second) - 1) // BLOCK * BLOCK
+        s = e.scheduler  # the pool's allocation stays within the batch's own KV allocation
+        assert s.prefix.pool.shape[3] * BLOCK <= max(s.cache.slots * s.cache.capacity, 64 * BLOCK)
+        e.pause(mode="retract")  # drops the KV cache: the prefix cache's memory too
+        assert s.prefix.pool is None and s.prefix.tokens == 0
+        e.resume()
+        assert e.generate(second, GREEDY)[0].output_ids
     finally:
         e.shutdown()
 

@@ -9,7 +9,9 @@ BLOCK, D], leaves every decode path as it is: a hit's blocks are copied into the
 (one gather over the pool, a few bytes per token moved instead of a whole forward pass per token), and a
 sequence's blocks are copied out of its slot when it is prefilled and when it finishes. No running
 sequence ever points into the pool, so every block can be evicted at any moment between two steps: the
-cache can never make a request fail or wait for memory.
+cache can never make a request fail or wait for memory. The pool's allocation grows by doubling, never
+past the running batch's own KV allocation (`grow_limit`, set by the scheduler), so the cache at most
+doubles the engine's KV memory; a memory plan made beside the engine (colocated training) sees no more.
 
 Index: a block is found by (id of its parent block, its BLOCK token ids), so a lookup walks the prompt
 block by block from the root (a radix tree whose edges are whole blocks; a key is exact, no hash that
@@ -70,6 +72,7 @@ class PrefixCache:
         self.shape = (num_layers, num_kv_heads, head_dim)
         self.dtype, self.device = dtype, device
         self.max_blocks = max(max_tokens // BLOCK, 0)
+        self.grow_limit = self.max_blocks  # the pool's allocation stops growing here (`Scheduler`)
         self.pool: Tensor | None = None  # [2, layers, H_kv, blocks, BLOCK, D], grown by doubling
         self.blocks: OrderedDict[tuple[int, tuple[int, ...]], _Block] = OrderedDict()  # oldest first
         self.free: list[int] = []  # pool indices not in use
@@ -92,6 +95,11 @@ class PrefixCache:
         self.blocks.clear()
         self._pending.clear()
         self.free = list(range(self.pool.shape[3])) if self.pool is not None else []
+
+    def release(self) -> None:
+        """Forget every block and free the pool's memory (a pause that drops the KV cache)."""
+        self.clear()
+        self.pool, self.free = None, []
 
     # -- lookup ----------------------------------------------------------------------------------
     def match(self, tokens: list[int], limit: int) -> list[_Block]:
@@ -200,7 +208,7 @@ class PrefixCache:
         if self.free:
             return True
         have = 0 if self.pool is None else self.pool.shape[3]
-        want = min(max(2 * have, 64), self.max_blocks)
+        want = min(max(2 * have, 64), self.max_blocks, max(self.grow_limit, 64))
         if want <= have:
             return False
         L, H, D = self.shape

@@ -240,6 +240,8 @@ class Scheduler:
         tail = max((len(p) - st for p, st in zip(prompts, starts, strict=True) if st), default=0)
         need = max(max(self._reserve(s) for s in seqs), max(starts) + tail)  # + a hit's padded suffix
         self.cache.reserve(base + len(seqs), need, self.max_running)
+        if self.prefix is not None:  # the pool never outgrows the batch's own KV allocation
+            self.prefix.grow_limit = self.cache.slots * self.cache.capacity // BLOCK
         self.prefill_submitted += sum(len(p) for p in prompts)
         self.prefill_computed += sum(len(p) - st for p, st in zip(prompts, starts, strict=True))
         if self.runner.multimodal:
@@ -486,6 +488,8 @@ class Scheduler:
         self.running, self.reserved, self.batch, self.inflight = [], 0, None, None
         self._stale.clear()  # prefilled again when admitted
         self.cache.release()
+        if self.prefix is not None:  # a retract frees the KV memory, the cache's too
+            self.prefix.release()
         return n
 
     def fail_all(self, error: BaseException) -> None:
