@@ -34,12 +34,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     except RunStopped as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 130
-    except KeyboardInterrupt:  # the second SIGTERM / Ctrl-C: the Controller stops at once
+    except KeyboardInterrupt:  # the second SIGTERM / Ctrl-C: the Controller stopped at once
         print(
             "relax train: stopped at once by a second signal (no checkpoint of the step in flight)",
             file=sys.stderr,
         )
-        return 130
+        # Exit now: after an interrupted clean-up, Ray's threads may still be tearing down, and the
+        # interpreter's own exit beside them crashed (SIGSEGV) or waited on them.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     logger.info("done at step %d; run folder: %s", step, cfg.run.run_dir)
     return 0
 

@@ -247,7 +247,9 @@ class Controller:
         self.flow.overlap = overlaps_push(self.cfg)
         self.flow.watch = self.watchdog.check
         self.flow.weights.wait = self.watchdog.wait
-        self.flow.group.reform(self.rollout.engine_urls.remote().result())
+        self.flow.group.reform(
+            self.watchdog.wait(self.rollout.engine_urls.remote(), "rollout", "the engine list")
+        )
 
     def _role_specs(self, resume_step: int | None) -> list[RoleSpec]:
         return [RoleSpec("metrics", MetricsRole, 0.25, {"resume_step": resume_step}), *roles_for(self.cfg)]
@@ -431,6 +433,11 @@ class Controller:
                 raise KeyboardInterrupt
             self.stop_requested = True
             self._stop_asked_at = time.monotonic()
+            if self.flow is None:  # no step has run yet
+                logger.warning(
+                    "%s: stopping the start (send it again to stop at once)", signal.Signals(signum).name
+                )
+                return
             logger.warning(
                 "%s: finishing the current step (at most ops.stop_grace_s=%gs), then saving a checkpoint "
                 "(press Ctrl-C again to stop at once)",

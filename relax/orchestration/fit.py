@@ -193,7 +193,12 @@ def _report(problems: list[str], demands: list[Demand], nodes: list[Node]) -> st
             asked[k] = asked.get(k, 0.0) + v
     offered = {k: sum(n.resources.get(k, 0.0) for n in nodes) for k in asked}
     short = {k: asked[k] - offered[k] for k in asked if asked[k] > offered[k] + EPS}
-    keys = sorted({k for d in demands for k in d.keys if any(d.what in p for p in problems)})
+    # an actor that found no room once the others were placed: any of them may give way
+    crowded = any("once the actors before it are placed" in p for p in problems)
+    named = {
+        k for d in demands for k in d.keys if crowded or any(p.startswith(d.what + " ") for p in problems)
+    }
+    keys = sorted(named, key=lambda k: (".placement." in k, k))  # sizes first, then where things go
     per_node = ", ".join(f"{n.address} {_fmt({k: n.resources.get(k, 0.0) for k in COUNTED})}" for n in nodes)
     return (
         "the run does not fit the Ray cluster:\n  - "

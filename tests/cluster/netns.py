@@ -42,7 +42,7 @@ def netns_unavailable() -> str | None:
         return "network namespaces need root"
     if shutil.which("ip") is None:
         return "the `ip` command (iproute2) is missing"
-    probe = f"{PREFIX}-probe"
+    probe = f"{PREFIX}-{os.getpid()}-probe"
     done = _ip("netns", "add", probe, check=False)
     if done.returncode != 0:
         return f"cannot make a network namespace: {done.stderr.strip()}"
@@ -50,12 +50,19 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def _owner_alive(name: str) -> bool:
+    """Whether the process that made namespace `name` (`relaxmh-<pid>-...`) still runs: another test
+    session's or script's cluster, on a machine several people share, is not a leftover."""
+    parts = name.split("-")
+    return len(parts) > 2 and parts[1].isdigit() and Path(f"/proc/{parts[1]}").exists()
+
+
 def remove_leftovers() -> None:
-    """Namespaces of this prefix (from a run that was killed) and their processes."""
+    """Namespaces of this prefix left by a process that was killed, and their processes."""
     listed = _ip("netns", "list", check=False).stdout.split("\n")
     for line in listed:
         name = line.split(" ")[0]
-        if name.startswith(PREFIX):
+        if name.startswith(PREFIX) and not _owner_alive(name):
             _kill_all(name)
             _ip("netns", "del", name, check=False)
 
@@ -98,7 +105,7 @@ class SimulatedCluster:
         self.labels = labels or [{} for _ in cpus]
         self.resources = resources or [{} for _ in cpus]
         self.token = secrets.token_hex(16)
-        tag = f"{PREFIX}-{os.getpid() % 100000}"
+        tag = f"{PREFIX}-{os.getpid()}"  # the owner's pid: `remove_leftovers` spares live owners
         self.switch = f"{tag}-sw"
         # Ray's socket paths must stay under 108 bytes: its temp folders go to a short path of their own
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="rmh", dir="/tmp"))
