@@ -48,7 +48,7 @@ def _blocks(store: Tensor) -> Tensor:
     return store.unflatten(4, (store.shape[4] // BLOCK, BLOCK))
 
 
-@dataclass
+@dataclass(slots=True, eq=False)  # eq=False: identity comparison (`block is not protect`), fast init
 class _Block:
     id: int  # unique for the cache's lifetime (a parent's id is part of its children's keys)
     key: tuple[int, tuple[int, ...]]  # (parent id, the block's token ids); parent id 0 is the root
