@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 
 from relax.agentic.env import Message, ModelTurn, StepResult, ToolEnv
 from relax.agentic.parser import ToolCall
@@ -33,11 +33,6 @@ def make_echo(**kw) -> EchoEnv:
     return EchoEnv(**kw)
 
 
-def _slow(x: str) -> str:
-    time.sleep(5.0)
-    return x
-
-
 async def _hang(x: str) -> str:
     await asyncio.sleep(30.0)
     return x
@@ -53,6 +48,14 @@ class ForcedToolEnv(ToolEnv):
 
     def __init__(self, tool: str = "boom", timeout_s: float = 0.3) -> None:
         schema = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
+        # the sync tool's thread blocks until the episode ends (or 30 s pass): past any timeout however
+        # busy the machine, and not a moment longer (asyncio.run waits for it on the way out)
+        self._released = threading.Event()
+
+        def _slow(x: str) -> str:
+            self._released.wait(30.0)
+            return x
+
         tools = [
             Tool("slow", "sleeps", schema, _slow),
             Tool("hang", "hangs", schema, _hang),
@@ -64,6 +67,10 @@ class ForcedToolEnv(ToolEnv):
     async def step(self, turn: ModelTurn) -> StepResult:
         results = await self.run_calls([ToolCall(self.tool, {"x": "hi"})])
         return StepResult([Message("tool", r.text) for r in results], tool_results=results)
+
+    async def close(self) -> None:
+        self._released.set()
+        await super().close()
 
 
 def make_forced(**kw) -> ForcedToolEnv:
