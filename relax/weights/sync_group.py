@@ -230,6 +230,9 @@ def _store_listener(address: str, port: int) -> socket.socket | None:
     return sock
 
 
+STAND_IN_TIMEOUT_S = 60.0  # the most a failed formation waits for its other members to finish joining
+
+
 async def init_weight_sync(
     engine_clients: Sequence[Any],
     master_address: str,
@@ -238,7 +241,13 @@ async def init_weight_sync(
     group_name: str = "weight_update_group",
     timeout_s: float = 600.0,
 ) -> WeightSyncGroup:
-    """Trainer side: ask every engine to join as ranks 1..N while joining as rank 0 here."""
+    """Trainer side: ask every engine to join as ranks 1..N while joining as rank 0 here.
+
+    A member that refuses (or cannot be reached) would leave the others waiting in the rendezvous until
+    their join times out, refusing any new join meanwhile (`409 a weight-update group join is already in
+    progress`): the group formed again without it would fail too. So the trainer joins in place of each
+    failed member (`_stand_in`), the rendezvous completes, and the group is dropped at once; the
+    members are free for the next formation. Then the first failure is raised."""
     world_size = len(engine_clients) + 1
     calls = [
         asyncio.create_task(
@@ -251,8 +260,63 @@ async def init_weight_sync(
             create_group, master_address, master_port, 0, world_size, backend, group_name, timeout_s
         )
     )
-    await _all_or_first_error([join, *calls])
-    return join.result()
+    done, _ = await asyncio.wait([join, *calls], return_when=asyncio.FIRST_EXCEPTION)
+    failed = [t for t in done if t.exception() is not None]
+    if not failed:
+        return join.result()
+    error = failed[0].exception()
+    if join in failed:  # without rank 0 nothing completes: stop asking
+        for t in calls:
+            t.cancel()
+        raise error
+    await _stand_in(join, calls, master_address, master_port, world_size, backend, group_name)
+    raise error
+
+
+async def _stand_in(
+    join: asyncio.Task,
+    calls: list[asyncio.Task],
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    backend: str,
+    group_name: str,
+) -> None:
+    """Complete a rendezvous whose members failed: join as each of them, wait (bounded) for everyone,
+    and leave the group at once. The members that did join hold a group nobody sends on; their next
+    `/init_weights_update_group` replaces it."""
+    ranks = [i + 1 for i, t in enumerate(calls) if t.done() and t.exception() is not None]
+    logger.warning(
+        "weight-sync group %s: rank(s) %s failed to join; joining in their place so that the others "
+        "finish their rendezvous and can join again",
+        group_name,
+        ranks,
+    )
+    stand_ins = [
+        asyncio.create_task(
+            asyncio.to_thread(
+                create_group,
+                master_address,
+                master_port,
+                r,
+                world_size,
+                backend,
+                group_name,
+                STAND_IN_TIMEOUT_S,
+            )
+        )
+        for r in ranks
+    ]
+    everyone = [join, *calls, *stand_ins]
+    await asyncio.wait(everyone, timeout=STAND_IN_TIMEOUT_S)
+    for t in [join, *stand_ins]:
+        if t.done() and t.exception() is None:
+            await asyncio.to_thread(t.result().destroy)
+        elif t.done():
+            logger.debug("weight-sync group %s: a stand-in join failed: %s", group_name, t.exception())
+    for t in calls:
+        if not t.done():
+            t.cancel()
 
 
 async def _all_or_first_error(tasks: list[asyncio.Task]) -> None:

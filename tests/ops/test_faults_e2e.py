@@ -4,11 +4,13 @@ metrics.jsonl, a heartbeat from a new replica), never on a fixed sleep."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 from collections.abc import Callable
 
+import httpx
 import pytest
 import ray
 from inbox import Inbox
@@ -19,6 +21,8 @@ from relax.orchestration import checkpoint as ckpt
 from relax.orchestration.controller import Controller
 from relax.orchestration.recovery import RestartLimitError
 from relax.utils import faults
+from relax.utils.auth import auth_headers, read_run_token
+from tests.faults.fake_engine import REFUSAL, FakeEngine
 from tests.faults.harness import metric_rows, run_overrides, steps_logged, wait_for
 
 pytestmark = pytest.mark.slow
@@ -166,6 +170,56 @@ def test_the_only_engine_killed_mid_rollout_and_mid_push_is_replaced(
     got = titles(inbox)
     assert got.count("restart: engine") == 2 and "restart: global" not in got, got
     assert got[-1] == "run finished", got
+
+
+def test_an_elastic_scale_out_to_an_engine_that_refuses_the_weight_group_fails_alone(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox, fault_dir
+):
+    """`external` scale-out to an engine that answers /health but refuses /init_weights_update_group:
+    the operation fails naming the refusal, the group is formed again without it (the real engine is
+    not left in a half-done rendezvous), and the run finishes every step."""
+    cfg = fault_config(
+        tiny_model_dir, arith_file, tmp_path, "elastic_refused", inbox.url, "trainer.num_steps=6"
+    )
+    seen: dict[str, object] = {}
+
+    def plan(fake: FakeEngine) -> None:
+        faults.wait_reached(fault_dir, "weight_push.push")  # the run holds at a push
+        try:
+            endpoints = cfg.run.run_dir / "endpoints.json"
+            url = wait_for(
+                lambda: endpoints.exists() and json.loads(endpoints.read_text()).get("elastic_api"), "API"
+            )
+            http = httpx.Client(
+                base_url=url, timeout=60, headers=auth_headers(read_run_token(cfg.run.run_dir))
+            )
+            r = http.post("/v1/engines/scale_out", json={"mode": "external", "engine_urls": [fake.url]})
+            assert r.status_code == 202, r.text
+            op_id = r.json()["request_id"]
+            # it waits for the next push to join the group
+            wait_for(lambda: http.get(f"/v1/operations/{op_id}").json()["state"] == "weight_syncing", "join")
+        finally:
+            faults.release(fault_dir, "weight_push.push")
+        seen["op"] = wait_for(
+            lambda: (o := http.get(f"/v1/operations/{op_id}").json())["done"] and o, "the op"
+        )
+        seen["engines"] = [e["url"] for e in http.get("/v1/engines").json()["engines"]]
+
+    faults.hold(fault_dir, "weight_push.push", at=2)  # the push after step 1
+    with FakeEngine() as fake:
+        killer = Killer(lambda: plan(fake))
+        killer.start()
+        assert Controller(cfg).run() == 6
+        killer.join(timeout=60)
+    assert killer.error is None, killer.error
+    op = seen["op"]
+    assert op["state"] == "failed" and REFUSAL in op["error"], op
+    assert fake.url not in seen["engines"], seen["engines"]
+    assert "/init_weights_update_group" in fake.paths()
+    out = rows(cfg)
+    assert [r["step"] for r in out] == [1, 2, 3, 4, 5, 6]
+    assert [r["weight_version"] for r in out] == [1, 2, 3, 4, 5, 6]
+    assert "restart: global" not in titles(inbox)
 
 
 def test_actor_killed_global_restart_then_restart_cap(
