@@ -144,6 +144,11 @@ def _fits(need: dict[str, float], room: dict[str, float]) -> bool:
     return all(v <= room.get(k, 0.0) + EPS for k, v in need.items() if v > 0)
 
 
+def _only(res: dict[str, float], d: Demand) -> dict[str, float]:
+    """`res` restricted to what `d` asks for (a node also lists memory and object store bytes)."""
+    return {k: res.get(k, 0.0) for k in d.resources}
+
+
 def _fmt(res: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in res.items() if v > 0 or k in COUNTED) + "}"
 
@@ -167,14 +172,14 @@ def check_fit(demands: list[Demand], nodes: list[Node]) -> dict[str, list[str]]:
             best = max(labelled, key=lambda n: n.resources.get("CPU", 0.0))
             problems.append(
                 f"{d.what} asks for {_fmt(d.resources)}; the largest node{where} ({best.address}) has "
-                f"{_fmt({k: best.resources.get(k, 0.0) for k in d.resources})}"
+                f"{_fmt(_only(best.resources, d))}"
             )
             continue
         free = [n for n in big_enough if _fits(d.resources, room[n.address])]
         if not free:
             problems.append(
                 f"{d.what} asks for {_fmt(d.resources)}; once the actors before it are placed no node{where} "
-                f"has that left ({', '.join(f'{n.address}: {_fmt(room[n.address])}' for n in big_enough)})"
+                f"has that left ({', '.join(f'{n.address}: {_fmt(_only(room[n.address], d))}' for n in big_enough)})"
             )
             continue
         node = max(free, key=lambda n: (room[n.address].get("CPU", 0.0), room[n.address].get("GPU", 0.0)))
