@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from relax.orchestration import checkpoint as ckpt
-from tests.faults.harness import marked_pids
+from tests.faults.places import marked_pids
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from tests.faults.fake_engine import REFUSAL, FakeEngine
-from tests.faults.harness import HOOK_DIR, Assets, Cell, run_cell, span
+from tests.faults.harness import Cell, run_cell, span
+from tests.faults.places import HOOK_DIR, Assets
 
 
 def test_the_phase_hook_lets_one_call_claim_the_armed_phase(tmp_path):
