@@ -237,7 +237,8 @@ UNSUPPORTED_GENERATE = {
     "token_indices_to_pool": None,
 }  # fmt: skip
 # Bookkeeping fields of `GenerateReqInput` (metrics, logging, routing and cache keys, tracing): any value
-# is accepted; none changes what is generated (the engine has no prefix cache to key).
+# is accepted; none changes what is generated (the prefix cache reuses only KV that the same tokens
+# produced under the same weights, so cache keys such as `cache_salt` could change hit rates, not outputs).
 IGNORED_GENERATE = frozenset(
     {
         "log_metrics", "no_logs", "custom_labels", "external_trace_header", "received_time",
