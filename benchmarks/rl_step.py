@@ -13,8 +13,8 @@ engine, bf16 compute over fp32 master weights. Every trainer knob is left at its
     python benchmarks/rl_step.py --preset tiny --device cpu --steps 3       # a CPU smoke run
 
 Prints per-phase seconds (medians over the steps after `--warmup`, from metrics.jsonl), tokens per step,
-MFU of the forward (2 N tokens / forward seconds) and of the update (6 N tokens / update seconds; 790
-TFLOP/s, the H200's dense bf16), the trainer's peak and reserved memory and the GPU's used memory over
+MFU of the forward (2 N tokens / forward seconds) and of the update (6 N tokens / update seconds; 989
+TFLOP/s, the H200's public dense bf16 peak), the trainer's peak and reserved memory and the GPU's used memory over
 the steps, the numerics (loss, engine-vs-trainer log-prob gap), and writes a torch-profiler trace of one
 step of the training rank (`--profile-step`) and the run's phase trace under `--out`. The last line is
 one JSON object with every number.
@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-PEAK_FLOPS = 790e12  # H200 dense bf16
+PEAK_FLOPS = 989e12  # H200 dense bf16, the public datasheet basis
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river stone cloud light".split()
 # Qwen2.5 shapes (tied embeddings, vocabulary 151936); `tiny` is a CPU smoke shape
 PRESETS = {

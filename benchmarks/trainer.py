@@ -2,7 +2,7 @@
 
 One in-process rank (world size 1) on a randomly initialised model of a preset's shape; a GRPO loss on
 random tokens with random +-1 advantages. MFU = 6 x parameters x trained tokens / time / peak, with the
-H200's dense bf16 peak of 790 TFLOP/s (attention FLOPs are not counted, as usual for this formula).
+H200's public dense bf16 peak of 989 TFLOP/s (attention FLOPs are not counted, as usual for this formula).
 
     python benchmarks/trainer.py --preset qwen2.5-0.5b --dtype bfloat16 --device cuda
     python benchmarks/trainer.py --preset tiny --device cpu --batch 8 --seq 64     # a CPU smoke run
@@ -24,7 +24,7 @@ import torch
 
 logger = logging.getLogger("relax.benchmarks.trainer")
 
-PEAK_FLOPS = {"cuda": 790e12}  # H200 dense bf16
+PEAK_FLOPS = {"cuda": 989e12}  # H200 dense bf16, the public datasheet basis
 PRESETS = {
     # Qwen2.5-0.5B: 24 layers, hidden 896, 14 heads / 2 KV heads, MLP 4864, vocab 151936, tied embeddings
     "qwen2.5-0.5b": dict(
