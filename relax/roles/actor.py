@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from relax.algorithms.pipeline import make_policy_loss, make_value_loss
 from relax.backends.training.critic_backend import TorchCritic
@@ -37,6 +38,7 @@ from relax.rollout.staleness import staleness_metrics
 from relax.utils.net import bind_address
 from relax.utils.placement import ray_placement
 from relax.utils.timer import timer
+from relax.utils.write_errors import write_failure
 from relax.weights.sender import build_sender
 from relax.weights.sync_group import without_tied
 
@@ -280,16 +282,26 @@ class ActorRole(PlaneClient):
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        self.trainer.save(Path(path))
-        if self.critic is not None:
-            (Path(path) / "critic").mkdir(exist_ok=True)
-            self.critic.save(Path(path) / "critic")
+        """Trainer (and critic) state under `path`; a failed write raises an error naming its cause and
+        file (a full disk), which the checkpoint writer's own error may hide."""
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self.trainer.save(Path(path))
+            if self.critic is not None:
+                (Path(path) / "critic").mkdir(exist_ok=True)
+                self.critic.save(Path(path) / "critic")
+        except BaseException as e:  # DCP's CheckpointException is a BaseException: Serve loses it
+            if not isinstance(e, Exception | CheckpointException):
+                raise
+            raise write_failure(Path(path), e) from e
 
     def load(self, path: str) -> int:
-        self.trainer.load(Path(path))
-        if self.critic is not None:
-            self.critic.load(Path(path) / "critic")
+        try:
+            self.trainer.load(Path(path))
+            if self.critic is not None:
+                self.critic.load(Path(path) / "critic")
+        except CheckpointException as e:  # a BaseException, which Serve does not carry back
+            raise RuntimeError(f"loading {path} failed: {str(e).strip().splitlines()[-1]}") from e
         return self.trainer.step
 
     def received_step(self) -> int:

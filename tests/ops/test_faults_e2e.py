@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import threading
 from collections.abc import Callable
 
@@ -220,6 +222,53 @@ def test_an_elastic_scale_out_to_an_engine_that_refuses_the_weight_group_fails_a
     assert [r["step"] for r in out] == [1, 2, 3, 4, 5, 6]
     assert [r["weight_version"] for r in out] == [1, 2, 3, 4, 5, 6]
     assert "restart: global" not in titles(inbox)
+
+
+def test_a_full_disk_at_a_checkpoint_stops_the_run_naming_the_cause_and_file(
+    ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox
+):
+    """The checkpoints live on a small tmpfs, filled once checkpoint 2 is complete: the save of checkpoint
+    4 fails, and the run stops with an error that says `No space left on device` and names the file
+    (not Ray's `ObjectRefStreamEndOfStreamError`); checkpoint 2 is intact and readable."""
+    cfg = fault_config(
+        tiny_model_dir,
+        arith_file,
+        tmp_path,
+        "full_disk",
+        inbox.url,
+        "trainer.num_steps=8",
+        "ops.checkpoint_interval=2",
+    )
+    root = ckpt.checkpoint_root(cfg.run.run_dir)
+    root.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "relax-full-disk", str(root)], check=True)
+    try:
+
+        def plan() -> None:
+            wait_for(lambda: ckpt.latest_checkpoint(cfg.run.run_dir), "checkpoint 2")
+            free = shutil.disk_usage(root).free
+            with open(root / "filler", "wb") as f:  # leaves far less than a checkpoint needs
+                os.posix_fallocate(f.fileno(), 0, free - (64 << 10))
+
+        killer = Killer(plan)
+        killer.start()
+        with pytest.raises(Exception, match="No space left on device") as raised:
+            Controller(cfg).run()
+        killer.join(timeout=60)
+        assert killer.error is None, killer.error
+        message = str(raised.value)
+        assert str(ckpt.step_dir(cfg.run.run_dir, 4)) in message and ".distcp" in message, message
+        step, path = ckpt.latest_checkpoint(cfg.run.run_dir)
+        assert step == 2
+        from torch.distributed.checkpoint import FileSystemReader
+
+        assert FileSystemReader(str(path / "actor" / "dcp")).read_metadata().state_dict_metadata
+        assert json.loads((path / "actor" / "trainer.json").read_text())["step"] == 2
+        assert json.loads((path / "rollout.json").read_text())["source"]
+        assert [r["step"] for r in rows(cfg)] == [1, 2, 3, 4]
+        assert titles(inbox)[-1] == "failure: the run stopped"
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
 
 
 def test_actor_killed_global_restart_then_restart_cap(
