@@ -17,8 +17,7 @@ cluster). Then, at point `NAME`:
 Points (process: where):
 
 * `router.request` (Rollout): an engine request is about to be sent (rollout or evaluation);
-* `weight_push.push` (driver): the weight-sync group is formed and the Actor's push is about to start;
-* `checkpoint.save` (driver): a checkpoint folder is created and the roles are about to write into it.
+* `weight_push.push` (driver): the weight-sync group is formed and the Actor's push is about to start.
 """
 
 from __future__ import annotations

@@ -312,6 +312,16 @@ def test_actor_killed_global_restart_then_restart_cap(
     after = seen["after_restart"]
     assert after[: c + 2] == list(range(1, c + 3)), after  # 1..c kept, c+1.. redone, same numbering
     assert steps_logged(cfg.run.run_dir, "metrics.superseded.jsonl")[0] == c + 1
+    # the replay: each step once, in order, on exactly its samples, and a redone step draws the prompts
+    # the set-aside one drew (the checkpoint's data position: none skipped, none drawn twice)
+    out = rows(cfg)
+    assert [r["step"] for r in out] == list(range(1, len(out) + 1))
+    assert all(r["rollout/num_samples"] == 32.0 for r in out), [r["rollout/num_samples"] for r in out]
+    redone = {r["step"]: r for r in out}
+    for old in metric_rows(cfg.run.run_dir, "metrics.superseded.jsonl"):
+        if old["step"] in redone:
+            got = redone[old["step"]]["rollout/prompt_len_mean"]
+            assert got == pytest.approx(old["rollout/prompt_len_mean"]), (old["step"], got)
     got = titles(inbox)
     assert got.count("restart: global") == 1, got
     assert got[-1] == "failure: the run stopped"
