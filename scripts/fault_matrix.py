@@ -81,14 +81,19 @@ def select(args: argparse.Namespace) -> list[Cell]:
     return [c for c in MATRIX if wanted(c)]
 
 
+def cell_text(text: str, limit: int = 240) -> str:
+    """One line of a table cell: no newline or pipe, at most `limit` characters."""
+    text = " ".join(text.split()).replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def table(results: list[Result], skipped: list[Cell]) -> str:
     head = "| fault | phase | mode | hosts | outcome | recover (s) | steps | samples | notes |"
     lines = [head, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         c = r.cell
         recover = "" if r.recover_s is None else f"{r.recover_s:g}"
-        notes = "; ".join(r.notes).replace("|", "/")
-        outcome = r.outcome.replace("|", "/")
+        notes, outcome = cell_text("; ".join(r.notes)), cell_text(r.outcome, 400)
         lines.append(
             f"| {c.fault} | {c.phase} | {c.mode} | {c.hosts} | {outcome} | {recover} | {r.steps} | "
             f"{r.samples} | {notes} |"
