@@ -105,3 +105,33 @@ def test_a_failed_reform_leaves_the_group_stale():
     except ConnectionError:
         pass
     assert group.stale and group.formed is None
+
+
+class RepairRollout(PlanRollout):
+    """Engine 0 died mid-rollout; its replacement e2 is pending until a push gives it the weights."""
+
+    def __init__(self) -> None:
+        super().__init__(replaced={"urls": ["http://e2"], "replaced": 1, "pending": ["http://e2"]})
+        self.admitted: list[str] = []
+
+    async def admit_engines(self) -> list[str]:
+        self.admitted, self.replaced = list(self.replaced["pending"]), {**self.replaced, "pending": []}
+        return self.admitted
+
+
+class VersionActor(GroupActor):
+    async def push_weights(self, version: int | None = None) -> int:
+        self.pushed = version
+        return version
+
+
+def test_a_repair_pushes_the_held_version_to_pending_replacements_once():
+    rollout, actor = RepairRollout(), VersionActor()
+    push, group, _ = make(rollout, actor, Health())
+    push.version = 7  # what the other engines hold: the replacement gets the same, not a new step's
+    push.repair()
+    assert group.engines == ["http://e2"] and actor.pushed == 7 and rollout.admitted == ["http://e2"]
+    assert push.health.engine_restarts == 1
+    actor.pushed = None
+    push.repair()  # nothing pending any more: no group, no push
+    assert actor.pushed is None and actor.groups[-1] == ["http://e2"]
