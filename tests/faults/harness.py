@@ -50,6 +50,9 @@ STEPS, PROMPTS, SAMPLES, CKPT_EVERY = 6, 8, 4, 2
 ARM_AFTER = 2  # the fault is armed once this step is logged: a checkpoint exists, the run is warm
 HOLD_S = 2.0  # how long the hooked call waits once hit, so the fault lands inside the phase
 STOP_GRACE_S = 5.0
+# phases Relax marks itself with a fault point (relax/utils/faults.py, the same RELAX_FAULT_DIR); the
+# others are reached through the test-only hook (tests/faults/hook/sitecustomize.py)
+POINTS = {"rollout": "router.request", "push": "weight_push.push"}
 START_S = 300.0  # start-up and the steps before the fault (the machine may be loaded)
 FINISH_S = 300.0  # from the fault to the end of a run that recovers (a global restart included)
 
@@ -216,6 +219,8 @@ class Run:
                 raise CellFailed(f"the run ended (rc {self.proc.returncode}) during start-up")
             return {"pid": self.proc.pid, "time": time.time()}
         self.wait_steps(ARM_AFTER)
+        if phase in POINTS:
+            return self._hold_at(phase, POINTS[phase])
         (self.fault_dir / "arm").write_text(json.dumps({"phase": phase, "hold_s": HOLD_S}))
         hit_file = self.fault_dir / "hit"
 
@@ -229,8 +234,36 @@ class Run:
         except TimeoutError as e:
             raise CellFailed(f"the {phase} phase never came (hook not hit): {e}") from e
 
+    def _hold_at(self, phase: str, name: str) -> dict:
+        """Relax's own fault point `name` (relax/utils/faults.py): the process that reaches it waits
+        there until `disarm` releases it."""
+        from relax.utils import faults
+
+        faults.hold(self.fault_dir, name)
+        reached = self.fault_dir / f"{name}.reached"
+
+        def pid() -> int | None:
+            if not self.alive():
+                raise CellFailed(f"the run ended (rc {self.proc.returncode}) before the {phase} phase")
+            text = reached.read_text().strip() if reached.exists() else ""
+            return int(text) if text else None
+
+        try:
+            return {
+                "phase": phase,
+                "pid": wait_for(pid, f"the {phase} phase", START_S, 0.02),
+                "time": time.time(),
+            }
+        except TimeoutError as e:
+            raise CellFailed(f"the {phase} phase never came (fault point {name} not reached): {e}") from e
+
     def disarm(self) -> None:
+        """The hook's phase off, and a process held at a fault point let go."""
+        from relax.utils import faults
+
         (self.fault_dir / "arm").unlink(missing_ok=True)
+        for name in POINTS.values():
+            faults.release(self.fault_dir, name)
 
     def kill_role(self, role: str, hit: dict) -> None:
         if role == "driver":
@@ -362,6 +395,7 @@ def _drive(run: Run, assets: Assets) -> Result:
             _check_refusal(run, fake, result)
         return result
     finally:
+        run.disarm()
         if run.alive():
             run.proc.kill()
         if fake is not None:
