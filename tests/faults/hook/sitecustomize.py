@@ -2,13 +2,12 @@
 is first on their PYTHONPATH, so Python imports it at start-up; Ray workers inherit the variable).
 
 Without `RELAX_FAULT_DIR` in the environment it does nothing. With it, a few methods of Relax are wrapped
-as their modules are imported, each marking one phase of a step:
+as their modules are imported, each marking one phase of a step (the rollout and the weight push have
+fault points in Relax itself, relax/utils/faults.py, which the harness uses instead):
 
-    rollout     EmbeddedEngine.submit                          (engine: a request of the rollout arrives)
-    push        EmbeddedEngine.update_weights_from_distributed (engine: the weight broadcast starts)
-    update      ActorRole.train_sync                           (Actor: the optimizer step starts)
-    checkpoint  ActorRole.save                                 (Actor: the checkpoint is being written)
-    eval        RolloutRole.evaluate                           (Rollout: an evaluation starts)
+    update      ActorRole.train_sync    (Actor: the optimizer step starts)
+    checkpoint  ActorRole.save          (Actor: the checkpoint is being written)
+    eval        RolloutRole.evaluate    (Rollout: an evaluation starts)
 
 The harness arms one phase by writing `{"phase": ..., "hold_s": ...}` to `<dir>/arm`. The first call
 of that phase's method anywhere in the run claims it (`<dir>/claimed`, O_EXCL: exactly one process
@@ -33,10 +32,6 @@ FAULT_DIR = os.environ.get("RELAX_FAULT_DIR")
 
 # module -> (class, method, phase)
 TARGETS = {
-    "relax.backends.inference.embedded.engine": [
-        ("EmbeddedEngine", "submit", "rollout"),
-        ("EmbeddedEngine", "update_weights_from_distributed", "push"),
-    ],
     "relax.roles.actor": [("ActorRole", "train_sync", "update"), ("ActorRole", "save", "checkpoint")],
     "relax.roles.rollout": [("RolloutRole", "evaluate", "eval")],
 }
