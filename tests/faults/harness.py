@@ -538,7 +538,11 @@ def _finished(run: Run, rc: int) -> Result:
 
 def _measured(run: Run, rows: list[dict], problems: list[str], ok: str) -> Result:
     samples = sum(r.get("rollout/num_samples", 0) for r in rows)
-    after = [r["time"] for r in rows if run.fault_at is not None and r.get("time", 0) > run.fault_at]
+    after = [r for r in rows if run.fault_at is not None and r.get("time", 0) > run.fault_at]
+    # a row written just after the fault may be of a step done before it (metrics are flushed behind
+    # the steps): the first row that counts the restart, when the run counted one, is the recovery
+    counted = [r for r in after if any(r.get(k) for k in ("health/engine_restarts", "health/role_restarts"))]
+    after = [r["time"] for r in counted or after]
     return Result(
         run.cell,
         "FAILS: " + "; ".join(problems) if problems else ok,
