@@ -198,7 +198,8 @@ class Run:
         self.notes: list[str] = []
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours its workers' prefixes
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -348,6 +349,8 @@ def _args(cell: Cell, assets: Assets, out_dir: Path) -> list[str]:
     if cell.phase == "eval":
         eval_set = f"{{name: arith, files: [{assets.eval_data}], max_prompts: 4}}"
         args += [f"eval.sets=[{eval_set}]", f"eval.interval={CKPT_EVERY}"]
+    if cell.fault == "refused_group":  # steps of a second, so the run outlives the operation
+        args.append("schedule.debug_train_delay_s=1")
     if cell.fault in ("hung_reward", "reward_stall"):
         args.append("reward.name=tests.faults.rewards:hang_when_armed")
         args += (
@@ -481,9 +484,16 @@ def _scale_out_to(run: Run, fake) -> None:
     op_id = r.json()["request_id"]
 
     def done() -> dict | None:
-        if not run.alive():
-            raise CellFailed(f"the run ended (rc {run.proc.returncode}) during the scale-out")
-        state = httpx.get(f"{api}/v1/operations/{op_id}", headers=headers, timeout=30).json()
+        try:
+            state = httpx.get(f"{api}/v1/operations/{op_id}", headers=headers, timeout=30).json()
+        except httpx.TransportError:
+            if run.alive():
+                raise
+            # the run went on and ended first (its API with it): the Rollout logged how the op ended
+            end = re.search(rf"elastic scale_out {op_id} (\w+): (.*)", run.output())
+            if end is None:
+                raise CellFailed(f"the run ended (rc {run.proc.returncode}) during the scale-out") from None
+            return {"state": end.group(1), "error": end.group(2), "done": True}
         return state if state.get("done") else None
 
     op = wait_for(done, "the scale-out to end", 180, poll_s=0.5)
