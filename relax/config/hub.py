@@ -29,9 +29,10 @@ class HubError(RuntimeError):
     """A Hub id that cannot be resolved; names the id, the revision and what to do."""
 
 
-def looks_like_hub_id(value: str) -> bool:
-    """`org/name`, not an existing local path and not written as one (`./x`, `/x`, `~/x`)."""
-    if value.startswith((".", "/", "~")) or Path(value).expanduser().exists():
+def looks_like_hub_id(value: str, base: Path | None = None) -> bool:
+    """`org/name`, not an existing local path (relative to `base`, default the working folder) and not
+    written as one (`./x`, `/x`, `~/x`)."""
+    if value.startswith((".", "/", "~")) or ((base or Path.cwd()) / Path(value).expanduser()).exists():
         return False
     return bool(_HUB_ID.match(value))
 

@@ -35,7 +35,7 @@ def _abs(path: str, base: Path) -> str:
 def _model(path: str, base: Path, revision: str | None, key: str) -> tuple[str, str | None]:
     """A model folder made absolute, or a Hub id resolved to its snapshot folder and commit
     (relax.config.hub); the commit is None for a local folder."""
-    if looks_like_hub_id(path):
+    if looks_like_hub_id(path, base):
         return resolve_model(path, revision, key)
     return _abs(path, base), None
 

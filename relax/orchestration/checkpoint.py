@@ -67,9 +67,15 @@ def load_failure(d: Path, error: BaseException, run_dir: Path) -> CheckpointErro
         if earlier
         else "no earlier complete checkpoint exists: start the run again without --resume"
     )
+    # a role's error arrives as a RayTaskError whose text is the remote traceback; its last line is the cause
+    lines = str(error).strip().splitlines()
+    cause = (
+        lines[-1]
+        if lines and type(error).__name__.startswith("RayTaskError")
+        else f"{type(error).__name__}: {error}"
+    )
     return CheckpointError(
-        f"checkpoint {d} cannot be loaded ({type(error).__name__}: {error}); its files may be truncated or "
-        f"tampered with. {hint}"
+        f"checkpoint {d} cannot be loaded ({cause}); its files may be truncated or tampered with. {hint}"
     )
 
 

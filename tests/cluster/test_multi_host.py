@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,7 +43,9 @@ def workdir(tmp_path_factory) -> Path:
     generate_arith(work / "assets" / "arith.jsonl", n=400, seed=0)
     generate_arith(work / "assets" / "arith_eval.jsonl", n=16, seed=1)
     broken = work / "assets" / "broken_model"
-    broken.mkdir()
+    broken.mkdir()  # its tokenizer loads (the driver measures prompts with it); its model does not
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(work / "assets" / "model" / f, broken / f)
     (broken / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
     (work / "only_some").mkdir()  # hidden from host 3
     generate_arith(work / "only_some" / "arith.jsonl", n=50, seed=2)

@@ -21,6 +21,7 @@ def cfg_for(model: str, data: str, out: str, *extra: str):
 
 
 def test_relative_paths_become_absolute_against_the_driver_folder(tmp_path):
+    (tmp_path / "models/m").mkdir(parents=True)  # `org/name` that is a folder under the base stays a folder
     cfg = cfg_for("models/m", "data/a.jsonl", "runs", "eval.sets=[{name: e, files: [data/e.jsonl]}]")
     resolve_paths(cfg, base=tmp_path)
     assert cfg.model.path == str(tmp_path / "models/m")
