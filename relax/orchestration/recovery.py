@@ -8,6 +8,7 @@ after the checkpoint are moved to `metrics.superseded.jsonl` and written again).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,13 @@ try:
     from ray.exceptions import RayActorError as ReplicaGone  # a role's replica died mid-call
 except ImportError:  # pragma: no cover - Ray is a dependency
     ReplicaGone = GlobalRestart
+
+
+def _role_of(error: BaseException) -> str:
+    """The role whose replica died, read from the actor class Ray names (`ServeReplica:<app>:<deployment>`,
+    and each role is its own Serve application); "unknown" for any other actor."""
+    m = re.search(r"ServeReplica:([\w-]+):", str(error))
+    return m.group(1) if m else "unknown"
 
 
 class RestartLimitError(RuntimeError):
@@ -37,7 +45,9 @@ def run_with_restarts(
         try:
             return attempt(resume)
         except (GlobalRestart, ReplicaGone) as e:
-            failure = e if isinstance(e, GlobalRestart) else GlobalRestart("unknown", f"a replica died: {e}")
+            failure = (
+                e if isinstance(e, GlobalRestart) else GlobalRestart(_role_of(e), f"a replica died: {e}")
+            )
             found = ckpt.latest_checkpoint(run_dir)
             where = f"checkpoint step {found[0]}" if found else "step 0 (no checkpoint yet)"
             if restarts >= max_restarts:
