@@ -41,6 +41,9 @@ class EngineRequestError(EngineError):
         super().__init__(f"{url} answered {status}: {message}")
         self.url, self.status, self.message = url, status, message
 
+    def __reduce__(self) -> tuple:  # Ray sends it between processes: rebuilt from its fields, not its text
+        return type(self), (self.url, self.status, self.message)
+
 
 @dataclass
 class GenerateOutput:

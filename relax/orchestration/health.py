@@ -47,6 +47,9 @@ class GlobalRestart(RuntimeError):
         super().__init__(f"role {role!r}: {reason}")
         self.role, self.reason = role, reason
 
+    def __reduce__(self) -> tuple:  # Ray sends it between processes: rebuilt from its fields, not its text
+        return type(self), (self.role, self.reason)
+
 
 class HealthManager:
     def __init__(self, cfg: RelaxConfig, notifier: Notifier) -> None:

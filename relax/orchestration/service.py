@@ -115,6 +115,9 @@ class RoleStartError(RuntimeError):
         self.role, self.node, self.reason = role, node, reason
         logger.error("%s", self)
 
+    def __reduce__(self) -> tuple:  # Ray sends it between processes: rebuilt from its fields, not its text
+        return type(self), (self.role, self.reason, self.node)
+
 
 class RunStopped(RuntimeError):
     """A stop was requested (SIGTERM, Ctrl-C) before the run's roles were up."""

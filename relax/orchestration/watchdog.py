@@ -30,7 +30,10 @@ class StepStalled(RuntimeError):
             f"look at {role}'s log for a hang (a reward, an engine, a data-plane wait), or raise ops.step_timeout_s "
             "if steps are this long"
         )
-        self.role, self.phase, self.step = role, phase, step
+        self.role, self.phase, self.step, self.waited_s = role, phase, step, waited_s
+
+    def __reduce__(self) -> tuple:  # Ray sends it between processes: rebuilt from its fields, not its text
+        return type(self), (self.role, self.phase, self.step, self.waited_s)
 
 
 class Watchdog:
