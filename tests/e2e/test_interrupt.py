@@ -167,7 +167,6 @@ def test_a_stalled_step_fails_the_run_naming_role_and_phase(
             "schedule.debug_train_delay_s=600",
         ],
     )
-    t0 = time.monotonic()
+    # the update sleeps 600 s: a watchdog that did not fire would let the step finish, and nothing be raised
     with pytest.raises(StepStalled, match="step 1 stalled: actor did not finish the update within"):
         Controller(cfg).run()
-    assert time.monotonic() - t0 < 120
