@@ -1,4 +1,4 @@
-"""RL algorithms as pure tensor functions, selected by name through one registry (DESIGN.md section 7).
+"""RL algorithms as pure tensor functions, selected by name through one registry (docs/algorithms.md).
 
 The rest of Relax uses only: ``AlgorithmConfig`` (the config section), ``compute_advantages``
 (controller), ``make_policy_loss`` / ``make_value_loss`` (trainer), and the DAPO data-side helpers

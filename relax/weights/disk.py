@@ -1,5 +1,5 @@
-"""Weight sync through files: the fallback for engines that cannot join a process group (DESIGN.md
-section 5). Each publish writes the weights as one safetensors file in a folder of its version under
+"""Weight sync through files: the fallback for engines that cannot join a process group
+(ARCHITECTURE.md, "The weight push"). Each publish writes the weights as one safetensors file in a folder of its version under
 `root`, then asks every engine to load it (`/update_weights_from_disk`); engines on other nodes need
 `root` on storage they see (the run folder on a cluster is shared: docs/cluster.md).
 

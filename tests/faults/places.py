@@ -98,7 +98,7 @@ class OneHost:
         env.update(
             RELAX_FAULT_DIR=str(self.fault_dir),
             PYTHONPATH=path,
-            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # never unset outside a namespace (DESIGN.md §12)
+            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # never unset outside a network namespace: Ray would reach for the real interface
             RELAX_LOG_LEVEL="INFO",
             PYTHONUNBUFFERED="1",
         )
