@@ -73,10 +73,7 @@ def check_fields(data: Any, neutral: dict[str, Any], ignored: frozenset[str], wh
 # (null or an empty value too). The last group are SGLang's internal fields, filled by its own
 # normalisation and never by callers.
 UNSUPPORTED_SAMPLING = {
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
     "repetition_penalty": 1.0,
-    "min_new_tokens": 0,
     "beam_width": 1,
     "structural_tag": None,
     "custom_params": None,
@@ -135,6 +132,25 @@ class SamplingParams(Strict):
     stream_interval: int | None = Field(
         None, ge=1, description="Streaming: one chunk every this many tokens (default 1)."
     )
+    presence_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Subtracted from the logit of every token already generated (OpenAI's; prompt tokens "
+        "do not count).",
+    )
+    frequency_penalty: float = Field(
+        0.0,
+        ge=-2.0,
+        le=2.0,
+        description="Subtracted from a token's logit once per time it was generated (OpenAI's).",
+    )
+    min_new_tokens: int = Field(
+        0,
+        ge=0,
+        description="Stop tokens (EOS, stop_token_ids) are masked and stop strings do not end the output "
+        "before this many tokens.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -186,6 +202,14 @@ class SamplingParams(Strict):
             if pattern:
                 compile_stop_regex(pattern)
         return v
+
+    @model_validator(mode="after")
+    def _min_new_tokens(self) -> SamplingParams:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} is above max_new_tokens={self.max_new_tokens}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_grammar(self) -> SamplingParams:

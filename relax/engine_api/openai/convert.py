@@ -39,6 +39,8 @@ def sampling_params(req: Sampling, max_new_tokens: int | None) -> dict[str, Any]
         "stop",
         "stop_token_ids",
         "logit_bias",
+        "presence_penalty",
+        "frequency_penalty",
         *CONSTRAINTS,
     ):
         value = getattr(req, name)
@@ -46,6 +48,8 @@ def sampling_params(req: Sampling, max_new_tokens: int | None) -> dict[str, Any]
             params[name] = value
     if req.seed is not None:
         params["sampling_seed"] = req.seed
+    if req.min_tokens:
+        params["min_new_tokens"] = req.min_tokens
     if isinstance(params.get("json_schema"), dict):
         params["json_schema"] = json.dumps(params["json_schema"])
     return params

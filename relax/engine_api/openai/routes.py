@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OpenAIBackend
 from relax.engine_api.openai.convert import apply_response_format, apply_tools, sampling_params
+from relax.engine_api.openai.echo import PromptScores, echoed_choice, score_prompt
 from relax.engine_api.openai.errors import OpenAIError, openai_error
 from relax.engine_api.openai.replies import (
     assistant_message,
@@ -157,22 +158,32 @@ def openai_router(resolve: Resolve) -> APIRouter:
         head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                 "model": req.model or backend.model_name}  # fmt: skip
         if req.stream:
+            if req.echo:
+                raise OpenAIError("echo is not served with stream", 400, "echo")
             return StreamingResponse(
                 _completion_stream(backend, prompts, params, req, top_n, head), media_type="text/event-stream"
             )
-        groups = await asyncio.gather(*(backend.generate(p, params, top_logprobs=top_n) for p in prompts))
+
+        async def one(ids: list[int]) -> tuple[list[Choice], PromptScores | None]:
+            choices = await backend.generate(ids, params, top_logprobs=top_n)
+            scored = req.echo and req.logprobs is not None
+            return choices, (await score_prompt(backend, ids, top_n) if scored else None)
+
+        groups = await asyncio.gather(*(one(p) for p in prompts))
         out = []
-        for p, (ids, choices) in enumerate(zip(prompts, groups, strict=True)):
+        for p, (ids, (choices, scores)) in enumerate(zip(prompts, groups, strict=True)):
             for j, c in enumerate(choices):
-                lp = (
-                    completion_logprobs(c.output_ids, c.logprobs, c.top_logprobs, backend.tokenizer)
-                    if req.logprobs is not None
-                    else None
-                )
+                text, lp = c.text, None
+                if req.echo:
+                    given = req.prompts[p]
+                    said = given if isinstance(given, str) else backend.tokenizer.decode(ids)
+                    text, lp = echoed_choice(ids, said, scores, c, backend.tokenizer)
+                elif req.logprobs is not None:
+                    lp = completion_logprobs(c.output_ids, c.logprobs, c.top_logprobs, backend.tokenizer)
                 out.append(
                     {
                         "index": p * req.n + j,
-                        "text": c.text,
+                        "text": text,
                         "logprobs": lp,
                         "finish_reason": finish_reason(c, []),
                     }
@@ -180,7 +191,7 @@ def openai_router(resolve: Resolve) -> APIRouter:
             await backend.record(
                 ChatPrompt(ids), choices, [{"role": "assistant", "content": c.text} for c in choices]
             )
-        all_choices = [c for g in groups for c in g]
+        all_choices = [c for g, _ in groups for c in g]
         body = {
             **head,
             "object": "text_completion",

@@ -2,8 +2,8 @@
 served change what is generated; those not served (`UNSUPPORTED_*`) pass only at their neutral value
 (else a 400 naming the parameter); bookkeeping ones (`IGNORED`) may hold anything. A parameter OpenAI
 does not document is a 400 naming it (a typo never passes silently). SGLang's and vLLM's common
-extensions (`top_k`, `min_p`, `regex`, `ebnf`, `json_schema`, `ignore_eos`, `stop_token_ids`,
-`skip_special_tokens`) are served too."""
+extensions (`top_k`, `min_p`, `min_tokens`, `regex`, `ebnf`, `json_schema`, `ignore_eos`,
+`stop_token_ids`, `skip_special_tokens`) are served too."""
 
 from __future__ import annotations
 
@@ -15,12 +15,7 @@ from relax.engine_api.protocol import check_fields, check_logit_bias, check_unic
 
 # Accepted with any value: they change nothing that is generated.
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "verbosity", "safety_identifier", "prompt_cache_key"})  # fmt: skip
-UNSUPPORTED_COMMON = {
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_tokens": 0,
-}
+UNSUPPORTED_COMMON = {"repetition_penalty": 1.0}
 UNSUPPORTED_CHAT = {
     **UNSUPPORTED_COMMON,
     "modalities": ["text"],
@@ -33,7 +28,7 @@ UNSUPPORTED_CHAT = {
     "continue_final_message": False,
     "chat_template_kwargs": None,
 }
-UNSUPPORTED_COMPLETION = {**UNSUPPORTED_COMMON, "echo": False, "suffix": None, "best_of": 1}
+UNSUPPORTED_COMPLETION = {**UNSUPPORTED_COMMON, "suffix": None, "best_of": 1}
 
 
 class StreamOptions(BaseModel):
@@ -59,6 +54,10 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    # OpenAI's penalties, on the tokens generated so far (the engine's `logit_rows.py`)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    min_tokens: int | None = Field(None, ge=0)  # vLLM's and SGLang's name; the engine's min_new_tokens
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     regex: str | None = None
@@ -105,6 +104,7 @@ class CompletionRequest(Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for legacy completions
     logprobs: int | None = Field(None, ge=0, le=20)  # top log-probs per token (0: the chosen token's only)
+    echo: bool = False  # the prompt before the completion, in the text and the log-probs (lm-eval's scoring)
 
     @model_validator(mode="before")
     @classmethod

@@ -1,5 +1,14 @@
-"""The rows of a batch that need more than plain sampling: a grammar mask or a logit bias applied to their
-logits before sampling, or the `top_logprobs_num` most likely tokens read after it.
+"""The rows of a batch that need more than plain sampling: a grammar mask, a logit bias, OpenAI's presence
+and frequency penalties or `min_new_tokens`' stop-token mask applied to their logits before sampling, or
+the `top_logprobs_num` most likely tokens read after it.
+
+The penalties count the row's generated tokens only (OpenAI's definition; the prompt does not count):
+with c[v] the times token v was generated so far,
+
+    logits[v] -= presence_penalty * (c[v] > 0) + frequency_penalty * c[v]
+
+`min_new_tokens`: while the row has fewer outputs, its stop tokens (EOS unless `ignore_eos`, and
+`stop_token_ids`) get logit -inf, as SGLang masks them.
 
 The scheduler builds a `LogitRows` when the batch changes and only when a row needs one (`Sequence.
 special`); a batch without such rows runs the decode loop unchanged (the overlapped, fused path on
@@ -29,6 +38,19 @@ class LogitRows:
                 ids = torch.tensor(list(s.group.logit_bias), dtype=torch.long, device=device)
                 vals = torch.tensor(list(s.group.logit_bias.values()), dtype=torch.float32, device=device)
                 self.bias.append((b, ids, vals))
+        # (row, its sequence, presence penalty, frequency penalty): counted from its outputs at each step
+        self.penalized = [
+            (b, s, s.group.params.presence_penalty, s.group.params.frequency_penalty)
+            for b, s in enumerate(seqs)
+            if s.group.params.presence_penalty or s.group.params.frequency_penalty
+        ]
+        # (row, its sequence, its stop tokens): masked while it has fewer than min_new_tokens outputs
+        self.min_new = [
+            (b, s, torch.tensor(sorted(t for t in s.group.stop_ids if t < vocab_size), dtype=torch.long,
+                                device=device))
+            for b, s in enumerate(seqs)
+            if s.group.params.min_new_tokens > 0 and s.group.stop_ids
+        ]  # fmt: skip
         # (row, k, temperature of its reported log-probs: 1 for a greedy row)
         self.top = [
             (b, s.group.top_logprobs_num, s.row.temperature if s.row.temperature > 0 else 1.0)
@@ -46,7 +68,7 @@ class LogitRows:
 
     def process(self, logits_BV: Tensor) -> Tensor:
         """The logits with the masks and biases applied (a new tensor; the input is left as it is)."""
-        if not self.masked and not self.bias:
+        if not self.masked and not self.bias and not self.penalized and not self.min_new:
             return logits_BV
         out_BV = logits_BV.float() if logits_BV.dtype != torch.float32 else logits_BV.clone()
         if self.masked:
@@ -58,6 +80,14 @@ class LogitRows:
             out_BV.index_copy_(0, self.masked_rows, sub_RV)
         for b, ids, vals in self.bias:
             out_BV[b].index_add_(0, ids, vals)
+        for b, s, presence, frequency in self.penalized:
+            if s.output_ids:
+                ids_T = torch.tensor(s.output_ids, dtype=torch.long, device=out_BV.device)
+                counts_V = torch.bincount(ids_T, minlength=out_BV.shape[1])[: out_BV.shape[1]].float()
+                out_BV[b] -= presence * (counts_V > 0).float() + frequency * counts_V
+        for b, s, stop_ids in self.min_new:
+            if len(s.output_ids) < s.group.params.min_new_tokens:
+                out_BV[b, stop_ids] = float("-inf")
         return out_BV
 
     def top_logprobs(self, logits_BV: Tensor) -> list[TopLogprobs | None]:

@@ -107,6 +107,19 @@ class EngineOpenAIBackend:
             for r in results
         ]
 
+    async def prompt_logprobs(
+        self, prompt_ids: list[int], top_n: int
+    ) -> tuple[list[float | None], list[list[tuple[float, int]] | None]]:
+        """Each prompt token's log-prob given those before it (None for the first) and the `top_n` most
+        likely tokens there: `echo` on /v1/completions (`relax.engine_api.openai.echo`)."""
+        try:
+            scored = await asyncio.to_thread(self.engine.prompt_logprobs, prompt_ids, 0, top_n)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "echo") from e
+        except RuntimeError as e:
+            raise OpenAIError(str(e), 503) from e
+        return scored.logprobs, scored.top
+
     async def record(self, prompt: ChatPrompt, choices: list[Choice], replies: list[dict[str, Any]]) -> None:
         return None
 

@@ -1,7 +1,8 @@
 """Per-request state of the embedded engine: a `RequestGroup` (one prompt, n samples, one future) and its
 `Sequence`s (one per sample), the finish rules, and the `GenerationResult` handed back.
 
-Finish rules, checked after each sampled token, in order: a stop token (EOS unless `ignore_eos`, or one of
+Finish rules, checked after each sampled token, in order (before `min_new_tokens` tokens only the
+grammar's end and the length ones): a stop token (EOS unless `ignore_eos`, or one of
 `stop_token_ids`; the token is kept in `output_ids`), a stop string or stop regex (need the tokenizer; the
 tokens are kept, the text is cut before the match unless `no_stop_trim`), the end of the request's
 grammar (a constrained request whose grammar admits no further token), `max_new_tokens`, the context
@@ -74,7 +75,13 @@ class Sequence:
         self.matcher = matcher  # the grammar's state (`grammar.py`) of a constrained request, else None
         # rows that change their logits or want more than the sampled token's log-prob leave the
         # decode loop's fast path (`logit_rows.py`)
-        self.special = matcher is not None or bool(group.logit_bias) or group.top_logprobs_num > 0
+        self.special = (
+            matcher is not None
+            or bool(group.logit_bias)
+            or group.top_logprobs_num > 0
+            or bool(p.presence_penalty or p.frequency_penalty)
+            or p.min_new_tokens > 0
+        )
         self._extra = self.special or bool(group.params.stop_regexes) or group.on_token is not None
 
     def note_version(self, old: str, new: str) -> None:
@@ -129,11 +136,13 @@ class Sequence:
                 self.finish = {"type": "abort", "message": f"grammar: {self.matcher.get_error()}"}
                 return
             grammar_done = self.matcher.is_stopped()
-        if token in g.stop_ids:
+        # before min_new_tokens no stop token (they are masked: `logit_rows.py`), string or regex ends it
+        stops = len(out) >= g.params.min_new_tokens
+        if stops and token in g.stop_ids:
             self.finish = {"type": "stop", "matched": token}
-        elif g.stop_strings and (matched := self._matched_stop_string()) is not None:
+        elif stops and g.stop_strings and (matched := self._matched_stop_string()) is not None:
             self.finish = {"type": "stop", "matched": matched}
-        elif g.stop_regexes and (matched := self._matched_stop_regex()) is not None:
+        elif stops and g.stop_regexes and (matched := self._matched_stop_regex()) is not None:
             self.finish = {"type": "stop", "matched": matched}
         elif grammar_done:
             self.finish = {"type": "stop", "matched": token}
