@@ -3,15 +3,22 @@
     relax examples list                  # name and first line of every example
     relax examples show quickstart       # print one to stdout
     relax examples copy quickstart [DEST]  # write quickstart.yaml (to DEST: a folder or a file name)
+    relax examples prepare quickstart [--dir DIR]  # quickstart.yaml plus its tiny model and data in DIR
 
 The examples are the repository's `examples/*.yaml`. A wheel ships them inside the package
 (`relax/examples/`, see setup.py); a source checkout (or an editable install) reads the folder itself.
-Each example's opening comment says how to make the model and data it trains on.
+
+Each example's opening comment is its recipe: the `relax tiny-model ...` and `relax data ...` lines in it
+make the model and data it trains on, and `prepare` runs exactly those lines in DIR (outputs relative to
+DIR, as the config's paths are relative to the folder `relax train` runs in). So the comment a user reads
+and the command they run cannot drift apart; a test prepares every example and checks that each path its
+config names was written.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +60,60 @@ def summary(path: Path) -> str:
     return ""
 
 
+RECIPE_COMMANDS = ("tiny-model", "data")  # the `relax` subcommands a recipe line may run
+
+
+def recipe(path: Path) -> list[list[str]]:
+    """The set-up commands of an example: every line of its opening comment block that reads
+    `relax tiny-model ...` or `relax data ...`, as argument lists without the leading `relax` (a trailing
+    `# note` is dropped)."""
+    steps = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break  # the opening comment ends at the first line of YAML
+        text = line.lstrip("#").strip()
+        if any(text.startswith(f"relax {c} ") for c in RECIPE_COMMANDS):  # prose may hold lone quotes
+            steps.append(shlex.split(text, comments=True)[1:])
+    return steps
+
+
+def _output_of(argv: list[str]) -> str:
+    """The `--out` of a recipe command (each one writes one file or folder)."""
+    for i, word in enumerate(argv):
+        if word == "--out" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--out="):
+            return word.split("=", 1)[1]
+    raise ValueError(f"recipe line `relax {shlex.join(argv)}` has no --out")
+
+
+def prepare(name: str, dest: Path, *, force: bool = False, say: Any = print) -> Path:
+    """Write example `name`'s config into folder `dest` and run its recipe there (outputs under `dest`);
+    an output that exists already is kept unless `force`. Returns the written config's path."""
+    from relax.entrypoints.cli import build_parser
+
+    src = example_path(name)
+    dest.mkdir(parents=True, exist_ok=True)
+    config = dest / src.name
+    if force or not config.exists():
+        config.write_text(src.read_text())
+        say(f"wrote {config}")
+    parser = build_parser()
+    for argv in recipe(src):
+        out = _output_of(argv)
+        target = dest / out
+        if target.exists() and not force:
+            say(f"kept {target} (exists)")
+            continue
+        args = parser.parse_args([*argv])
+        args.out = str(target)  # the recipe's paths are relative to the example's folder
+        say(f"relax {shlex.join(argv)}")
+        rc = args.fn(args)
+        if rc:
+            raise RuntimeError(f"`relax {shlex.join(argv)}` failed (exit status {rc})")
+    return config
+
+
 def add_examples_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("examples", help="list, show or copy the example configs")
     sub = p.add_subparsers(dest="examples_command", required=True)
@@ -65,6 +126,13 @@ def add_examples_parser(subparsers: Any) -> argparse.ArgumentParser:
     copy.add_argument("dest", nargs="?", default=".", help="folder or file name (default: here)")
     copy.add_argument("--force", action="store_true", help="overwrite an existing file")
     copy.set_defaults(fn=cmd_copy)
+    prep = sub.add_parser(
+        "prepare", help="write an example config plus the tiny model and data it trains on, ready to train"
+    )
+    prep.add_argument("name", help="example name (see `relax examples list`)")
+    prep.add_argument("--dir", default=None, help="folder to prepare it in (default: ./NAME)")
+    prep.add_argument("--force", action="store_true", help="overwrite the config and remake model and data")
+    prep.set_defaults(fn=cmd_prepare)
     return p
 
 
@@ -100,4 +168,17 @@ def cmd_copy(args: argparse.Namespace) -> int:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(src.read_text())
     print(f"wrote {dest}; its opening comment says how to make its model and data, then: relax train {dest}")
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    try:
+        src = example_path(args.name)
+    except KeyError as e:
+        print(f"relax examples: {e.args[0]}", file=sys.stderr)
+        return 2
+    dest = Path(args.dir if args.dir is not None else src.stem)
+    config = prepare(src.stem, dest, force=args.force)
+    print(f"ready: cd {shlex.quote(str(dest))} && relax train {config.name}")
+    print(f"(the opening comment of {config.name} says what else it needs, if anything)")
     return 0

@@ -1,8 +1,9 @@
 """Checks before any role starts, so a bad path stops the run in seconds with a clear error instead of a
 role failing on some node after minutes.
 
-* `check_local(cfg)`: before Ray starts, on the driver: every model folder and data file the config names
-  is usable, and the run folder is writable.
+* `check_local(cfg)`: before Ray starts, on the driver: the optional packages the config needs are
+  installed (`check_extras`), every model folder and data file the config names is usable, and the run
+  folder is writable.
 * `check_nodes(cfg)`: after Ray starts, on every live node of the cluster (roles may land on any): a task
   pinned to the node checks the same paths and writes a probe file with a fresh token into the run
   folder; the driver then reads each node's probe back. A node whose probe the driver does not see writes
@@ -12,6 +13,7 @@ role failing on some node after minutes.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import uuid
 from pathlib import Path
@@ -29,9 +31,41 @@ class PreflightError(RuntimeError):
     """A path of the config that the driver or a node of the cluster cannot use; says which and how to fix."""
 
 
+def missing_extras(cfg: RelaxConfig) -> list[str]:
+    """What the config asks for that needs an optional package this Python lacks: one line each, naming
+    the key, the package and the command that installs it (the extras of pyproject.toml)."""
+    needs = []  # (why, importable module, how to install)
+    agent = cfg.rollout.agent
+    if agent.kind == "multi_turn" and agent.env == "search":
+        needs.append(("rollout.agent.env = search (its BM25 index)", "bm25s", "pip install 'relax[agentic]'"))
+    if cfg.trainer.lora is not None:
+        needs.append(("trainer.lora (LoRA through PEFT)", "peft", "pip install 'relax[lora]'"))
+    if cfg.ops.wandb is not None:
+        needs.append(("ops.wandb", "wandb", "pip install 'relax[metrics]'"))
+    if cfg.ops.notify_urls:
+        needs.append(("ops.notify_urls (Apprise)", "apprise", "pip install 'relax[metrics]'"))
+    if cfg.ops.clearml is not None:
+        needs.append(("ops.clearml", "clearml", "pip install clearml"))
+    return [
+        f"{why} needs the package {module!r}, which is not installed: {how}"
+        for why, module, how in needs
+        if importlib.util.find_spec(module) is None
+    ]
+
+
+def check_extras(cfg: RelaxConfig) -> None:
+    """Raise `PreflightError` naming every optional package the config needs and this Python lacks, so
+    the run stops in a second with the install command instead of a role's traceback after Ray started."""
+    if missing := missing_extras(cfg):
+        raise PreflightError(
+            "the config needs packages that are not installed:\n  - " + "\n  - ".join(missing)
+        )
+
+
 def check_local(cfg: RelaxConfig) -> None:
-    """Every path the config names is usable here (the driver), and the data rows are well formed for
-    the rewards that score them, before Ray starts."""
+    """The optional packages the config needs are installed, every path the config names is usable here
+    (the driver), and the data rows are well formed for the rewards that score them, before Ray starts."""
+    check_extras(cfg)
     problems = [f"{p.key} = {p.path}: {why}" for p in config_paths(cfg) if (why := path_problem(p))]
     if problems:
         raise PreflightError(
