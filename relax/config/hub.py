@@ -10,6 +10,9 @@ cluster without that snapshot in its own cache fetches exactly that commit befor
 
 `HF_HUB_OFFLINE=1` is honoured by `huggingface_hub` itself: the cache alone answers, and an id that is not
 in it is an error naming the id and the variable.
+
+Data set repositories (`repo_type="dataset"`, `datasets--org--name` in the cache) resolve through the same
+`resolve_repo`; `relax.data.hub_data` turns their snapshot into a prompt file on the driver.
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ from pathlib import Path
 # `org/name` as the Hub spells repository ids; a local path is tried first, so `runs/x` that exists
 # stays a folder.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-# A snapshot folder of the Hub cache: `.../models--org--name/snapshots/<commit>`
-_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})/?$")
+# A snapshot folder of the Hub cache: `.../models--org--name/snapshots/<commit>` (`datasets--` for data sets)
+_SNAPSHOT = re.compile(
+    r"(?P<kind>models|datasets)--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})/?$"
+)
+# what the Hub calls each kind of repository, in messages
+_KIND = {"model": "model", "dataset": "data set"}
 
 
 class HubError(RuntimeError):
@@ -37,10 +44,13 @@ def looks_like_hub_id(value: str, base: Path | None = None) -> bool:
     return bool(_HUB_ID.match(value))
 
 
-def snapshot_of(path: str) -> tuple[str, str] | None:
-    """(repo id, commit) when `path` is a snapshot folder of the Hub cache, else None."""
+def snapshot_of(path: str, repo_type: str = "model") -> tuple[str, str] | None:
+    """(repo id, commit) when `path` is a snapshot folder of the Hub cache of a `repo_type` repository
+    ("model" or "dataset"), else None."""
     m = _SNAPSHOT.search(path.replace(os.sep, "/"))
-    return None if m is None else (f"{m['org']}/{m['name']}", m["commit"])
+    if m is None or m["kind"] != f"{repo_type}s":
+        return None
+    return f"{m['org']}/{m['name']}", m["commit"]
 
 
 def _offline() -> bool:
@@ -52,6 +62,14 @@ def _offline() -> bool:
 def resolve_model(repo_id: str, revision: str | None = None, key: str = "model.path") -> tuple[str, str]:
     """The local snapshot folder and the commit of `repo_id` at `revision` (fetched into the Hub cache
     unless it is there already, or only from the cache when `HF_HUB_OFFLINE=1`)."""
+    return resolve_repo(repo_id, revision, key, "model")
+
+
+def resolve_repo(
+    repo_id: str, revision: str | None = None, key: str = "model.path", repo_type: str = "model"
+) -> tuple[str, str]:
+    """`resolve_model` for a repository of any type ("model" or "dataset"); `key` names where the
+    config names it, for the error messages."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -60,9 +78,11 @@ def resolve_model(repo_id: str, revision: str | None = None, key: str = "model.p
         RevisionNotFoundError,
     )
 
+    kind = _KIND[repo_type]
     at = f" at revision {revision!r}" if revision else ""
+    flag = "" if repo_type == "model" else f" --repo-type {repo_type}"
     try:
-        folder = snapshot_download(repo_id, revision=revision)
+        folder = snapshot_download(repo_id, revision=revision, repo_type=repo_type)
     except LocalEntryNotFoundError as e:
         where = (
             "HF_HUB_OFFLINE=1 is set, and the Hub cache"
@@ -70,18 +90,19 @@ def resolve_model(repo_id: str, revision: str | None = None, key: str = "model.p
             else "the Hub cannot be reached and its cache"
         )
         raise HubError(
-            f"{key} = {repo_id}{at}: {where} ({_cache_dir()}) does not hold it. Download it first "
-            "(`huggingface-cli download " + repo_id + "`) on a machine with network access and point HF_HOME "
-            "at that cache, or give a local model folder."
+            f"{key} = {repo_id}{at}: {where} ({_cache_dir()}) does not hold this {kind}. Download it first "
+            f"(`hf download{flag} {repo_id}`) on a machine with network access and point HF_HOME at that "
+            f"cache, or give a local {'model folder' if repo_type == 'model' else 'data file'}."
         ) from e
     except (RepositoryNotFoundError, GatedRepoError) as e:
         raise HubError(
-            f"{key} = {repo_id}: no such model on the Hub, or it needs a login (`huggingface-cli login` or "
-            "HF_TOKEN); a local folder needs a path that exists."
+            f"{key} = {repo_id}: no such {kind} on the Hub, or it needs a login (`hf auth login` or "
+            f"HF_TOKEN); a local {'folder' if repo_type == 'model' else 'file'} needs a path that exists."
         ) from e
     except RevisionNotFoundError as e:
-        raise HubError(f"{key} = {repo_id}: revision {revision!r} does not exist (model.revision)") from e
-    found = snapshot_of(folder)
+        where = " (model.revision)" if repo_type == "model" else ""
+        raise HubError(f"{key} = {repo_id}: revision {revision!r} does not exist{where}") from e
+    found = snapshot_of(folder, repo_type)
     commit = found[1] if found else (revision or "")
     return folder, commit
 

@@ -5,7 +5,8 @@ A relative path in the config (`model.path: .relax/assets/...`, as in examples/q
 a working folder of its own; so every such path is made absolute here, once, against the driver's working
 folder, and the roles get absolute paths. On a cluster those must be on storage every node sees (the
 convention of verl and Relax; docs/cluster.md): `relax.orchestration.preflight` checks that each node
-does.
+does. Hub data sets (`hf://...`, relax.data.hub_data) become files in the run folder here, so the nodes
+need no Hub access for data.
 """
 
 from __future__ import annotations
@@ -40,9 +41,20 @@ def _model(path: str, base: Path, revision: str | None, key: str) -> tuple[str, 
     return _abs(path, base), None
 
 
+def _data_file(entry: str, base: Path, cfg: RelaxConfig, key: str, default_split: str) -> str:
+    """A data file made absolute, or a Hub data set (`hf://...`) written once as a JSONL prompt file into
+    the run folder (relax.data.hub_data), whose path every role then reads."""
+    from relax.data.hub_data import is_hub_dataset, materialize, parse_hub_dataset
+
+    if not is_hub_dataset(entry):
+        return _abs(entry, base)
+    ds = parse_hub_dataset(entry, default_split, key)
+    return str(materialize(ds, cfg.data, cfg.run.run_dir / "data", key))
+
+
 def resolve_paths(cfg: RelaxConfig, base: Path | None = None) -> RelaxConfig:
-    """Make every path of `cfg` absolute against `base` (default: the working folder), and every Hub id a
-    snapshot folder of one commit; returns `cfg`. Paths already absolute are unchanged, so resolving twice
+    """Make every path of `cfg` absolute against `base` (default: the working folder), every Hub model id a
+    snapshot folder of one commit and every Hub data set a JSONL file in the run folder; returns `cfg`. Paths already absolute are unchanged, so resolving twice
     changes nothing."""
     base = base or Path.cwd()
     cfg.run.output_dir = _abs(cfg.run.output_dir, base)
@@ -52,9 +64,15 @@ def resolve_paths(cfg: RelaxConfig, base: Path | None = None) -> RelaxConfig:
         cfg.model.reference_path, _ = _model(cfg.model.reference_path, base, revision, "model.reference_path")
     if commit is not None:
         cfg.model.revision = commit  # config.yaml and every role name the commit, not a branch that moves
-    cfg.data.train_files = [_abs(f, base) for f in cfg.data.train_files]
+    cfg.data.train_files = [
+        _data_file(f, base, cfg, f"data.train_files[{i}]", "train")
+        for i, f in enumerate(cfg.data.train_files)
+    ]
     for es in cfg.eval.sets:
-        es.files = [_abs(f, base) for f in es.files]
+        es.files = [
+            _data_file(f, base, cfg, f"eval.sets[{es.name}].files[{i}]", "test")
+            for i, f in enumerate(es.files)
+        ]
     if cfg.reward.genrm is not None and not cfg.reward.genrm.engine_urls:
         cfg.reward.genrm.model_path, _ = _model(
             cfg.reward.genrm.model_path, base, None, "reward.genrm.model_path"

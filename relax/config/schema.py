@@ -573,7 +573,12 @@ class EvalSetConfig(Section):
     """One held-out set: its own data, reward and sampling settings."""
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Set name; metrics go to eval/<name>/.")
-    files: list[str] = Field(..., min_length=1, description="Prompt files (.jsonl or .parquet).")
+    files: list[str] = Field(
+        ...,
+        min_length=1,
+        description="Prompt files (.jsonl or .parquet), or Hub data sets `hf://datasets/<org>/<name>?config="
+        "<config>&split=<split>` as in data.train_files (split default test).",
+    )
     reward: RewardConfig | None = Field(None, description="Reward for this set (None = the training reward).")
     n_samples_per_prompt: int = Field(1, gt=0, description="Samples per prompt (n of pass@k).")
     k_values: list[int] = Field(default_factory=lambda: [1], description="k values for pass@k and mean@k.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Section(BaseModel):
@@ -53,7 +53,13 @@ class MediaConfig(Section):
 
 
 class DataConfig(Section):
-    train_files: list[str] = Field(..., min_length=1, description="Prompt files (.jsonl or .parquet).")
+    train_files: list[str] = Field(
+        ...,
+        min_length=1,
+        description="Prompt files (.jsonl or .parquet), or Hub data sets written "
+        "`hf://datasets/<org>/<name>[@revision]?config=<config>&split=<split>&prompt=<column>&label=<column>` "
+        "(split default train; docs/data.md). One entry may be written without the list.",
+    )
     prompt_key: str = Field("prompt", description="Row field holding a plain-text prompt.")
     messages_key: str = Field("messages", description="Row field holding chat messages.")
     label_key: str = Field("label", description="Row field holding the reference answer.")
@@ -73,3 +79,10 @@ class DataConfig(Section):
         "filter_overlong_prompts). Rows with media are checked when processed (an error).",
     )
     media: MediaConfig = Field(default_factory=MediaConfig, description="Images, videos and audio of rows.")
+
+    @field_validator("train_files", mode="before")
+    @classmethod
+    def _one_entry(cls, value: object) -> object:
+        # `data.train_files=hf://...?config=main&split=train` on the command line: YAML's flow list
+        # `[hf://...?...]` would need quotes, as `?` ends a plain scalar inside brackets
+        return [value] if isinstance(value, str) else value

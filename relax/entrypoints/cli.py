@@ -21,6 +21,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 2
+    from relax.config.hub import HubError
+    from relax.data.dataset import DataError
     from relax.orchestration.checkpoint import CheckpointError
     from relax.orchestration.controller import Controller
     from relax.orchestration.preflight import PreflightError
@@ -28,7 +30,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         step = Controller(cfg, resume=args.resume).run()
-    except (PreflightError, RoleStartError, CheckpointError, FileExistsError) as e:
+    # HubError, DataError: a Hub model or data set the driver cannot resolve or read (before Ray starts)
+    except (PreflightError, RoleStartError, CheckpointError, FileExistsError, HubError, DataError) as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 1
     except RunStopped as e:

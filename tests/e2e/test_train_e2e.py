@@ -1,7 +1,7 @@
 """A short real run through Ray Serve: Controller -> Rollout (embedded engine over HTTP) -> Actor -> weight
 sync, then resume from the checkpoint with the same step numbering. The same run names its model by Hub
-id (offline) and scores with a reward that raises on some rows in a pool of two Ray reward workers: a
-run's start-up costs more than its steps, so one run checks all three."""
+id and its prompts by Hub data set (offline), and scores with a reward that raises on some rows in a pool
+of two Ray reward workers: a run's start-up costs more than its steps, so one run checks all of them."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def small_config(tiny_model_dir, arith_file, out_dir, steps, extra=()):
         None,
         [
             f"model.path={tiny_model_dir}",
-            f"data.train_files=[{arith_file}]",
+            f"data.train_files={arith_file}",  # one entry without the list: an hf://...?... entry needs no quotes
             f"run.output_dir={out_dir}",
             "run.name=e2e",
             f"rollout.prompts_per_step={PROMPTS}",
@@ -73,21 +73,24 @@ def check_reward_failures_counted(rows) -> None:
         assert "train/loss" in row
 
 
-def test_train_then_resume(ray_cluster, tiny_model_dir, arith_file, tmp_path, monkeypatch):
-    """Besides training and resuming: `model.path: org/name` as verl and TRL configs write it, from a Hub
-    cache with the network off (local model folders are what every other end-to-end test trains), and a
-    reward that raises on some rows: the run finishes, those samples get the fallback reward, and the
-    failures are counted in metrics.jsonl."""
+def test_train_then_resume(ray_cluster, tiny_model_dir, tmp_path, monkeypatch):
+    """Besides training and resuming: `model.path: org/name` as verl and TRL configs write it and the
+    prompts as a `datasets` name with config, split and column mapping (GSM8K's `question`/`answer`
+    columns), from a Hub cache with the network off (local model folders and data files are what every
+    other end-to-end test trains), and a reward that raises on some rows: the run finishes, those samples
+    get the fallback reward, and the failures are counted in metrics.jsonl."""
     from huggingface_hub import constants
 
     from tests.config.test_hub import COMMIT, build_hub_cache
+    from tests.data.test_hub_data import DCOMMIT, GSM, arith_gsm_files, build_dataset_cache
 
     build_hub_cache(tmp_path / "hub", tiny_model_dir)
+    build_dataset_cache(tmp_path / "hub", arith_gsm_files())
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     hub_id = "relax-test/tiny-qwen2"
 
-    cfg = small_config(hub_id, arith_file, tmp_path, steps=3, extra=FLAKY_REWARD)
+    cfg = small_config(hub_id, GSM, tmp_path, steps=3, extra=FLAKY_REWARD)
     assert Controller(cfg).run() == 3
     run_dir = cfg.run.run_dir
     rows = read_metrics(run_dir)
@@ -101,6 +104,9 @@ def test_train_then_resume(ray_cluster, tiny_model_dir, arith_file, tmp_path, mo
     assert (run_dir / "config.yaml").exists()
     recorded = (run_dir / "config.yaml").read_text()
     assert f"revision: {COMMIT}" in recorded and f"snapshots/{COMMIT}" in recorded
+    (data_file,) = cfg.data.train_files  # the split, written once into the run folder, names the commit
+    assert Path(data_file).parent == run_dir / "data" and data_file in recorded
+    assert json.loads(Path(data_file).with_suffix(".source.json").read_text())["commit"] == DCOMMIT
     assert list((run_dir / "tensorboard").iterdir())
     assert ckpt.latest_checkpoint(run_dir)[0] == 3
     check_reward_failures_counted(rows)
@@ -108,7 +114,7 @@ def test_train_then_resume(ray_cluster, tiny_model_dir, arith_file, tmp_path, mo
     with pytest.raises(FileExistsError, match="--resume"):
         Controller(cfg).run()
 
-    cfg2 = small_config(hub_id, arith_file, tmp_path, steps=5, extra=FLAKY_REWARD)
+    cfg2 = small_config(hub_id, GSM, tmp_path, steps=5, extra=FLAKY_REWARD)
     assert Controller(cfg2, resume=True).run() == 5
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
