@@ -26,7 +26,7 @@ from relax.agentic.turns import TurnFormatter
 from relax.engine_api.client import EngineRequestError
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OnTokens
 from relax.engine_api.openai.errors import OpenAIError
-from relax.engine_api.openai.messages import template_messages
+from relax.engine_api.openai.messages import TemplateOptions, template_messages
 
 __all__ = ["ChatSession", "template_messages"]
 
@@ -44,6 +44,7 @@ class _CallState:
 class ChatSession:
     max_n = 1
     n_refusal = "each call is one step of the sample's trajectory; make n calls instead"
+    reasoning_parser = None  # replies are trained on as the model wrote them
 
     def __init__(
         self,
@@ -71,8 +72,18 @@ class ChatSession:
 
     # -- OpenAIBackend ------------------------------------------------------------------------
     async def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: TemplateOptions | None = None,
     ) -> ChatPrompt:
+        if options is not None and not options.is_default:
+            # the trajectory is rendered as training renders its prompts (turns.TurnFormatter)
+            raise OpenAIError(
+                "the agent endpoint renders calls as the run's chat template does: chat_template_kwargs, "
+                "reasoning_effort, add_generation_prompt and continue_final_message are not served here",
+                400,
+            )
         async with self._lock:
             ids, parent, norm, tools_key = self.prompt_for(messages, tools)
             return ChatPrompt(ids, _CallState(parent, norm, tools_key, len(self.recorder.calls)))

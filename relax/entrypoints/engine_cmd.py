@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import Any
 
+from relax.engine_api.openai.reasoning import REASONING_PARSERS
+
 logger = logging.getLogger(__name__)
 
 
@@ -61,6 +63,13 @@ def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU).")
     serve.add_argument("--seed", type=int, default=None, help="Seed of requests without a sampling_seed.")
     serve.add_argument("--weight-version", default="0", help="Weight version reported until an update.")
+    serve.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="Split the <think> block of /v1 chat replies into reasoning_content (as SGLang's flag): "
+        "qwen3 (the model opens the block) or deepseek-r1 (the prompt opens it).",
+    )
     add_auth_arguments(serve)
     serve.set_defaults(func=serve_command)
     return engine
@@ -93,6 +102,7 @@ def serve_command(args: argparse.Namespace) -> int:
         threads=args.threads,
         seed=args.seed,
         weight_version=args.weight_version,
+        reasoning_parser=args.reasoning_parser,
     )
     try:
         server.start()

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from relax.engine_api.openai.messages import TemplateOptions
+
 # Streaming: (choice index, new token ids, their log-probs, their top log-probs or Nones)
 OnTokens = Callable[[int, list[int], list[float], list[Any]], None]
 
@@ -38,11 +40,17 @@ class OpenAIBackend(Protocol):
     # the most samples one request may ask for (None: no limit) and why, for the error
     max_n: int | None
     n_refusal: str
+    # the reasoning parser of chat replies (`reasoning.REASONING_PARSERS`; None: replies are not split)
+    reasoning_parser: str | None
 
     async def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: TemplateOptions | None = None,
     ) -> ChatPrompt:
-        """The prompt tokens of a chat request (raises OpenAIError for a request it cannot render)."""
+        """The prompt tokens of a chat request rendered with `options` (None: the defaults); raises
+        OpenAIError for a request it cannot render."""
         ...
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:

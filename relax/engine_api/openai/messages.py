@@ -1,12 +1,16 @@
 """OpenAI chat messages in the shape a Hugging Face chat template reads: text content (content parts
-joined), tool-call arguments as objects."""
+joined), tool-call arguments as objects; and how a request renders them (`TemplateOptions`: Hugging
+Face's `chat_template_kwargs` such as Qwen3's `enable_thinking`, `reasoning_effort`,
+`add_generation_prompt`, `continue_final_message`)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from relax.engine_api.openai.errors import OpenAIError
+from relax.engine_api.openai.schema import ChatCompletionRequest
 
 
 def text_of(content: Any) -> str:
@@ -44,3 +48,72 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             msg["tool_calls"] = calls
         out.append(msg)
     return out
+
+
+# Names `apply_chat_template` takes itself: a template kwarg of that name would change how the prompt is
+# rendered behind the request's own fields (or break the call), so it is refused.
+_RESERVED = frozenset({"conversation", "messages", "tools", "documents", "add_generation_prompt",
+                       "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                       "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+                       "chat_template"})  # fmt: skip
+
+
+@dataclass
+class TemplateOptions:
+    """How a chat request's messages are rendered, beyond the messages and tools themselves."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra template variables (enable_thinking, ...)
+    add_generation_prompt: bool = True  # open the assistant's turn after the messages
+    continue_final_message: bool = False  # leave the last (assistant) message open, to be continued
+
+    @property
+    def is_default(self) -> bool:
+        return not self.kwargs and self.add_generation_prompt and not self.continue_final_message
+
+
+def template_options(req: ChatCompletionRequest) -> TemplateOptions:
+    """The options of a chat request. `reasoning_effort` becomes the template variable of that name (as
+    OpenAI-compatible servers pass it) unless `chat_template_kwargs` sets it. `continue_final_message`
+    needs an assistant message last and implies `add_generation_prompt: false` (given true: a 400)."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    reserved = sorted(_RESERVED & set(kwargs))
+    if reserved:
+        raise OpenAIError(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: use the request's own fields",
+            400,
+            "chat_template_kwargs",
+        )
+    if req.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    if req.continue_final_message:
+        if req.add_generation_prompt:
+            raise OpenAIError(
+                "continue_final_message continues the last message: it cannot be combined with "
+                "add_generation_prompt=true (leave that out or set it false)",
+                400,
+                "continue_final_message",
+            )
+        if req.messages[-1].get("role") != "assistant":
+            raise OpenAIError(
+                "continue_final_message needs the last message to be the assistant's", 400, "messages"
+            )
+        return TemplateOptions(kwargs, add_generation_prompt=False, continue_final_message=True)
+    return TemplateOptions(kwargs, add_generation_prompt=req.add_generation_prompt is not False)
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    options: TemplateOptions | None = None,
+) -> str:
+    """The prompt text of a chat request, from the tokenizer's chat template."""
+    options = options or TemplateOptions()
+    return tokenizer.apply_chat_template(
+        template_messages(messages),
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=options.add_generation_prompt,
+        continue_final_message=options.continue_final_message,
+        **options.kwargs,
+    )

@@ -1,20 +1,39 @@
 """OpenAI response bodies: assistant messages (content and Qwen-format tool calls, `content: null` beside
-tool calls), finish reasons, log-probs in chat and legacy shapes, usage."""
+tool calls; `reasoning_content` split from the content when the server has a reasoning parser and the
+request's `separate_reasoning` is on), finish reasons, log-probs in chat and legacy shapes, usage."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OpenAIBackend
+from relax.engine_api.openai.reasoning import ReasoningStyle, reasoning_style, split_reasoning
 from relax.engine_api.openai.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls
 
 
+def reasoning_of(backend: OpenAIBackend, separate_reasoning: bool) -> ReasoningStyle | None:
+    """The reasoning parser a chat request's reply goes through: the server's (`reasoning_parser` of the
+    backend, None when it has none), unless the request turns it off."""
+    name = getattr(backend, "reasoning_parser", None)
+    return reasoning_style(name) if name and separate_reasoning else None
+
+
 def assistant_message(
-    text: str, parse_tools: bool, backend: OpenAIBackend, prompt: ChatPrompt
+    text: str,
+    parse_tools: bool,
+    backend: OpenAIBackend,
+    prompt: ChatPrompt,
+    reasoning: ReasoningStyle | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(message, its tool calls). A call that cannot be parsed stays in the content as the model wrote it."""
+    """(message, its tool calls). A call that cannot be parsed stays in the content as the model wrote it.
+    With a reasoning parser, the reasoning is `reasoning_content` (None when the output has no block)
+    and tool calls are parsed from the answer only."""
+    thought: dict[str, Any] = {}
+    if reasoning is not None:
+        r, text = split_reasoning(text, reasoning)
+        thought = {"reasoning_content": r}
     if not parse_tools:
-        return {"role": "assistant", "content": text}, []
+        return {"role": "assistant", "content": text, **thought}, []
     parsed = parse_tool_calls(text)
     content, calls = parsed.content, []
     for c in parsed.tool_calls:
@@ -23,7 +42,11 @@ def assistant_message(
             calls.append(c.to_openai())
         else:
             content = (content + f"\n{TOOL_CALL_OPEN}{c.raw}{TOOL_CALL_CLOSE}").strip()
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if content or not calls else None,
+        **thought,
+    }
     if calls:
         message["tool_calls"] = calls
     return message, calls

@@ -26,11 +26,13 @@ from relax.engine_api.openai.backend import ChatPrompt, Choice, OpenAIBackend
 from relax.engine_api.openai.convert import apply_response_format, apply_tools, sampling_params
 from relax.engine_api.openai.echo import PromptScores, echoed_choice, score_prompt
 from relax.engine_api.openai.errors import OpenAIError, openai_error
+from relax.engine_api.openai.messages import template_options
 from relax.engine_api.openai.replies import (
     assistant_message,
     chat_logprobs,
     completion_logprobs,
     finish_reason,
+    reasoning_of,
     usage,
 )
 from relax.engine_api.openai.schema import ChatCompletionRequest, CompletionRequest
@@ -113,8 +115,9 @@ def openai_router(resolve: Resolve) -> APIRouter:
         params = sampling_params(req, req.max_new_tokens)
         apply_response_format(params, req.response_format)
         parse_tools = apply_tools(params, req, backend.tokenizer)
-        prompt = await backend.chat_prompt(req.messages, req.tools)
+        prompt = await backend.chat_prompt(req.messages, req.tools, template_options(req))
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
+        reasoning = reasoning_of(backend, req.separate_reasoning)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                 "model": req.model or backend.model_name}  # fmt: skip
         if req.stream:
@@ -123,7 +126,7 @@ def openai_router(resolve: Resolve) -> APIRouter:
         choices = await backend.generate(prompt.prompt_ids, params, top_logprobs=top_n)
         out, replies = [], []
         for j, c in enumerate(choices):
-            message, calls = assistant_message(c.text, parse_tools, backend, prompt)
+            message, calls = assistant_message(c.text, parse_tools, backend, prompt, reasoning)
             replies.append(message)
             logprobs = (
                 chat_logprobs(c.output_ids, c.logprobs, c.top_logprobs, backend.tokenizer, top_n)
@@ -238,17 +241,20 @@ async def _chat_stream(
         return sse({**head, "object": "chat.completion.chunk", "choices": [choice], **extra})
 
     skip = params.get("skip_special_tokens", True)
-    streams = [ChoiceStream(backend.tokenizer, skip, _stops(params), parse_tools) for _ in range(req.n)]
+    reasoning = reasoning_of(backend, req.separate_reasoning)
+    streams = [
+        ChoiceStream(backend.tokenizer, skip, _stops(params), parse_tools, reasoning) for _ in range(req.n)
+    ]
     for j in range(req.n):
         yield chunk(j, {"role": "assistant", "content": ""})
     try:
         async for kind, value in _generation_events(backend, prompt.prompt_ids, params, top_n):
             if kind == "tokens":
                 j, ids, lps, tops = value
-                delta = streams[j].add(ids, lps, tops)
+                delta = streams[j].add_chat(ids, lps, tops)
                 lp = chat_logprobs(ids, lps, tops, backend.tokenizer, top_n) if req.logprobs else None
                 if delta or lp:
-                    yield chunk(j, {"content": delta}, logprobs=lp)
+                    yield chunk(j, delta or {"content": ""}, logprobs=lp)
                 continue
             choices: list[Choice] = value
     except OpenAIError as e:
@@ -266,11 +272,11 @@ async def _chat_stream(
         return
     replies = []
     for j, c in enumerate(choices):
-        message, calls = assistant_message(c.text, parse_tools, backend, prompt)
+        message, calls = assistant_message(c.text, parse_tools, backend, prompt, reasoning)
         replies.append(message)
-        rest = streams[j].finish(message.get("content"))
+        rest = streams[j].finish_chat(message)
         if rest:
-            yield chunk(j, {"content": rest})
+            yield chunk(j, rest)
         if calls:
             yield chunk(j, {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]})
         yield chunk(j, {}, finish_reason(c, calls))

@@ -3,7 +3,9 @@ served change what is generated; those not served (`UNSUPPORTED_*`) pass only at
 (else a 400 naming the parameter); bookkeeping ones (`IGNORED`) may hold anything. A parameter OpenAI
 does not document is a 400 naming it (a typo never passes silently). SGLang's and vLLM's common
 extensions (`top_k`, `min_p`, `min_tokens`, `regex`, `ebnf`, `json_schema`, `ignore_eos`,
-`stop_token_ids`, `skip_special_tokens`) are served too."""
+`stop_token_ids`, `skip_special_tokens`) are served too, and on chat their chat-template and reasoning
+fields (`chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`, `separate_reasoning`;
+`relax.engine_api.openai.messages`)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,9 @@ UNSUPPORTED_CHAT = {
     "modalities": ["text"],
     "audio": None,
     "prediction": None,
-    "reasoning_effort": None,
     "web_search_options": None,
     "functions": None,
     "function_call": None,
-    "continue_final_message": False,
-    "chat_template_kwargs": None,
 }
 UNSUPPORTED_COMPLETION = {**UNSUPPORTED_COMMON, "suffix": None, "best_of": 1}
 
@@ -83,7 +82,13 @@ class ChatCompletionRequest(Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
+    # how the messages are rendered (`messages.template_options`); add_generation_prompt None: true
+    # unless the final message is continued
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    separate_reasoning: bool = True  # reasoning_content apart from content (with a reasoning parser)
 
     @model_validator(mode="before")
     @classmethod

@@ -15,7 +15,7 @@ from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.prompt_text import encode_prompt
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OnTokens
 from relax.engine_api.openai.errors import OpenAIError
-from relax.engine_api.openai.messages import template_messages
+from relax.engine_api.openai.messages import TemplateOptions, render_chat
 from relax.engine_api.protocol import SamplingParams
 
 
@@ -23,9 +23,12 @@ class EngineOpenAIBackend:
     max_n: int | None = None
     n_refusal = ""
 
-    def __init__(self, engine: EmbeddedEngine, model_name: str | None = None) -> None:
+    def __init__(
+        self, engine: EmbeddedEngine, model_name: str | None = None, reasoning_parser: str | None = None
+    ) -> None:
         self.engine = engine
         self.model_name = model_name or Path(engine.runner.model_path).name
+        self.reasoning_parser = reasoning_parser  # splits <think> blocks from replies (relax engine serve)
 
     @property
     def tokenizer(self) -> Any:
@@ -37,7 +40,10 @@ class EngineOpenAIBackend:
         return self.tokenizer
 
     async def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        options: TemplateOptions | None = None,
     ) -> ChatPrompt:
         tok = self._need_tokenizer()
         if getattr(tok, "chat_template", None) is None:
@@ -45,8 +51,7 @@ class EngineOpenAIBackend:
                 "the model folder's tokenizer has no chat template; use /v1/completions", 400, "messages"
             )
         try:
-            text = tok.apply_chat_template(template_messages(messages), tools=tools or None, tokenize=False,
-                                           add_generation_prompt=True)  # fmt: skip
+            text = render_chat(tok, messages, tools, options)
         except OpenAIError:
             raise
         except Exception as e:  # noqa: BLE001 - the template's own complaint (e.g. roles out of order)

@@ -34,6 +34,7 @@ from relax.backends.inference.embedded.http_generate import generate_router
 from relax.backends.inference.embedded.http_info import health_router, info_router
 from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.engine_api.openai.errors import openai_error
+from relax.engine_api.openai.reasoning import reasoning_style
 from relax.engine_api.openai.routes import openai_router
 from relax.utils.auth import guard, server_tokens
 from relax.utils.http_deadline import DEFAULT_HEADER_TIMEOUT_S, header_deadline_protocol
@@ -49,8 +50,11 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 __all__ = ["EngineServer", "bad_request", "build_app"]
 
 
-def build_app(engine: EmbeddedEngine, dependencies: Sequence[Any] = ()) -> FastAPI:
-    """The engine's app; `dependencies` (FastAPI `Depends(...)`) guard every route but `/health`."""
+def build_app(
+    engine: EmbeddedEngine, dependencies: Sequence[Any] = (), reasoning_parser: str | None = None
+) -> FastAPI:
+    """The engine's app; `dependencies` (FastAPI `Depends(...)`) guard every route but `/health`;
+    `reasoning_parser` splits `<think>` blocks from /v1 chat replies (`relax.engine_api.openai.reasoning`)."""
     app = FastAPI(title="relax embedded engine")
     deps = list(dependencies)
 
@@ -61,7 +65,9 @@ def build_app(engine: EmbeddedEngine, dependencies: Sequence[Any] = ()) -> FastA
             return openai_error(message, 400)
         return bad_request(message)
 
-    backend = EngineOpenAIBackend(engine)
+    if reasoning_parser is not None:
+        reasoning_style(reasoning_parser)  # an unknown name fails here, not on every request
+    backend = EngineOpenAIBackend(engine, reasoning_parser=reasoning_parser)
     app.include_router(health_router(engine))
     for router in (generate_router(engine), info_router(engine), control_router(engine)):
         app.include_router(router, dependencies=deps)
@@ -82,19 +88,23 @@ class EngineServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        reasoning_parser: str | None = None,
         **engine_kwargs: Any,
     ) -> None:
         """`api_key`: the bearer token every route but `/health` requires (None: none);
         `dependencies`: more FastAPI `Depends(...)` on those routes (see `build_app`);
         `max_body_bytes`: larger request bodies get 413 unread; `read_timeout_s`: a body that stops
         arriving for this long gets 408; `header_timeout_s`: a connection whose request head is not
-        complete this long after its first byte gets 408 and is closed."""
+        complete this long after its first byte gets 408 and is closed; `reasoning_parser`: the
+        `<think>` style of /v1 chat replies (qwen3, deepseek-r1; None: not split)."""
         self.host, self.port = host, port
         self.header_timeout_s = header_timeout_s
         self.engine = EmbeddedEngine(model_path, **engine_kwargs)
         # its own engine key too: Relax's clients send that, never the run's token (relax/utils/auth.py)
         self.app = guard(
-            build_app(self.engine, dependencies), api_key, server_tokens(api_key, lambda: self.url)
+            build_app(self.engine, dependencies, reasoning_parser),
+            api_key,
+            server_tokens(api_key, lambda: self.url),
         )
         # added last, so outermost: an oversized body is refused before auth or routing touch it
         limit_requests(self.app, max_body_bytes, read_timeout_s)
