@@ -44,9 +44,16 @@ def _model(path: str, base: Path, revision: str | None, key: str) -> tuple[str, 
 def _data_file(entry: str, base: Path, cfg: RelaxConfig, key: str, default_split: str) -> str:
     """A data file made absolute, or a Hub data set (`hf://...`) written once as a JSONL prompt file into
     the run folder (relax.data.hub_data), whose path every role then reads."""
+    from relax.data.dataset import SUPPORTED_EXTENSIONS, DataError
     from relax.data.hub_data import is_hub_dataset, materialize, parse_hub_dataset
 
     if not is_hub_dataset(entry):
+        if looks_like_hub_id(entry, base) and Path(entry).suffix not in SUPPORTED_EXTENSIONS:
+            # `openai/gsm8k` as TRL's dataset_name writes it: say how Relax spells a data set
+            raise DataError(
+                f"{key} = {entry}: no such file; a Hub data set is written "
+                f"hf://datasets/{entry}?config=<config>&split=<split> (docs/data.md)"
+            )
         return _abs(entry, base)
     ds = parse_hub_dataset(entry, default_split, key)
     return str(materialize(ds, cfg.data, cfg.run.run_dir / "data", key))

@@ -219,6 +219,10 @@ def test_a_missing_id_offline_names_the_id_and_the_variable(offline_datasets, tm
         config_with(tmp_path, "hf://datasets/relax-test/missing?config=main")
     with pytest.raises(HubError, match="'nope'"):
         config_with(tmp_path, f"hf://{REPO}@nope?config=main")
+    with pytest.raises(
+        DataError, match=r"= openai/gsm8k: no such file; .* hf://datasets/openai/gsm8k\?config="
+    ):
+        config_with(tmp_path, "openai/gsm8k")  # TRL's dataset_name, without Relax's hf://
     assert snapshot_of(f"/c/datasets--o/n/snapshots/{DCOMMIT}", "dataset") is None
     assert snapshot_of(f"/c/datasets--o--n/snapshots/{DCOMMIT}", "dataset") == ("o/n", DCOMMIT)
     assert snapshot_of(f"/c/datasets--o--n/snapshots/{DCOMMIT}") is None  # not a model
