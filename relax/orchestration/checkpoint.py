@@ -13,6 +13,8 @@ import shutil
 import time
 from pathlib import Path
 
+from relax.utils.errors import cause_of
+
 logger = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
@@ -67,13 +69,7 @@ def load_failure(d: Path, error: BaseException, run_dir: Path) -> CheckpointErro
         if earlier
         else "no earlier complete checkpoint exists: start the run again without --resume"
     )
-    # a role's error arrives as a RayTaskError whose text is the remote traceback; its last line is the cause
-    lines = str(error).strip().splitlines()
-    cause = (
-        lines[-1]
-        if lines and type(error).__name__.startswith("RayTaskError")
-        else f"{type(error).__name__}: {error}"
-    )
+    cause = cause_of(error)  # a role's error arrives as Ray's traceback: its last line is the cause
     return CheckpointError(
         f"checkpoint {d} cannot be loaded ({cause}); its files may be truncated or tampered with. {hint}"
     )

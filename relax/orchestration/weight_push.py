@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from relax.utils import faults
+from relax.utils.errors import cause_of
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class WeightPush:
             logger.warning(
                 "weight-sync group with %s failed (%s); forming it without the new engines", plan, e
             )
-            plan = self.rollout.elastic_join_failed.remote(str(e)).result()
+            plan = self.rollout.elastic_join_failed.remote(cause_of(e)).result()
             self.group.reform(plan)
         self.rollout.elastic_group_formed.remote(plan).result()
         return plan
