@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from relax.backends.inference.embedded.chunked_prefill import default_chunk_size
 from relax.backends.inference.embedded.grammar import Grammar, GrammarCompiler
 from relax.backends.inference.embedded.prompt_logprobs import PromptLogprobs, prompt_logprobs
 from relax.backends.inference.embedded.runner import ModelRunner
@@ -85,6 +86,7 @@ class EmbeddedEngine:
         max_n: int | None = None,
         weight_join_timeout_s: float = 120.0,
         enable_prefix_cache: bool = True,
+        chunked_prefill_size: int | None = None,
     ) -> None:
         """`overlap`: launch each decode step before the host reads the last one back (`scheduler.py`;
         None: on CUDA, where it hides the host's per-step work behind the GPU's). `max_n`: the most
@@ -92,7 +94,9 @@ class EmbeddedEngine:
         `weight_join_timeout_s`: a weight-sync group whose rendezvous does not complete this long after
         `/init_weights_update_group` fails the join (an unreachable trainer never holds the engine).
         `enable_prefix_cache`: reuse the KV of prompt prefixes across requests (`prefix_cache.py`; emptied
-        by every weight update and by `flush_cache`)."""
+        by every weight update and by `flush_cache`). `chunked_prefill_size`: prefill tokens per step, a
+        longer prompt prefilled in chunks with decode steps of the running batch between them
+        (`chunked_prefill.py`; None: 8192 on CUDA, 512 on the CPU; 0 or less: off)."""
         self.weight_join_timeout_s = weight_join_timeout_s
         if threads:
             torch.set_num_threads(threads)
@@ -116,6 +120,9 @@ class EmbeddedEngine:
             seed=seed if seed is not None else secrets.randbits(62),  # the stream of unseeded requests
             overlap=overlap,
             prefix_cache=enable_prefix_cache,
+            chunk_size=default_chunk_size(self.runner.device.type)
+            if chunked_prefill_size is None
+            else chunked_prefill_size,
         )
         # A lone request is always admitted, whatever its size, so `n` above the batch would allocate
         # KV rows past `max_running`: refused up front instead.
@@ -414,7 +421,7 @@ class EmbeddedEngine:
         def load() -> int:
             old = self.runner.weight_version
             n = self.runner.load_weights(items, weight_version, refresh=refresh)
-            self.scheduler.flush_prefix()  # any change of weights, even under the same version name
+            self.scheduler.weights_changed()  # any change of weights, even under the same version name
             if self.runner.weight_version != old:  # requests kept through the update record it
                 self.scheduler.note_version(old, self.runner.weight_version)
             return n

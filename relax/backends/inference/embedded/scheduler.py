@@ -39,6 +39,13 @@ prompt + max_new_tokens, capped at the context length, so the batch never outgro
 is ever preempted) and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts
 does not stall decoding for long). A lone request is always admitted.
 
+With chunked prefill (`chunked_prefill.py`, `chunk_size` > 0; text-only models) the padded tokens of one
+admission are bounded by `chunk_size` too, and a prompt whose uncached part is longer than that is
+admitted alone and prefilled `chunk_size` tokens a step, the running batch decoding once after each
+chunk; it is admitted whenever rows and memory allow, however long (without chunking a prompt longer
+than `max_prefill_tokens` waits until nothing runs). A weight load restarts a chunked prefill from the
+queue (its KV under one version), an abort or a retract ends it; none leaves a half-prefilled sequence.
+
 Only the engine thread calls this class.
 """
 
@@ -46,11 +53,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from relax.backends.inference.embedded.chunked_prefill import ChunkedPrefill
+from relax.backends.inference.embedded.decode_batch import DecodeBatch, InflightStep
 from relax.backends.inference.embedded.logit_rows import LogitRows
 from relax.backends.inference.embedded.prefix_cache import BLOCK, PrefixCache
 from relax.backends.inference.embedded.runner import ModelRunner
@@ -65,36 +73,6 @@ from relax.backends.inference.embedded.sequence import RequestGroup, Sequence
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class DecodeBatch:
-    """The next decode step's inputs for the running batch as it is: built when rows join or leave, then
-    advanced by each step (its sampled tokens are the next inputs, one column further)."""
-
-    tokens_B: Tensor  # next input token of each row (on the device)
-    pos_B: Tensor  # cache column it is written to
-    length: int  # columns attended: max(pos_B) + 1
-    delta_B: Tensor | None  # rotary position minus cache column (multimodal models), else None
-    sampler: BatchSampler  # the rows' sampling parameters
-    special: LogitRows | None = None  # rows with grammars, logit biases or top log-probs; None: none
-
-
-@dataclass
-class InflightStep:
-    """A decode step launched but not yet read back: its rows in launch order and their sampled tokens
-    (on the device), copied to `host` behind `event`."""
-
-    seqs: list[Sequence]
-    tokens_B: Tensor
-    host: Tensor  # [2, B] float64: token ids, log-probs
-    event: torch.cuda.Event | None
-
-    def read(self) -> tuple[list[int], list[float]]:
-        if self.event is not None:
-            self.event.synchronize()
-        tokens, logprobs = self.host.tolist()
-        return [int(t) for t in tokens], logprobs
-
-
 class Scheduler:
     def __init__(
         self,
@@ -106,9 +84,11 @@ class Scheduler:
         seed: int = 0,
         overlap: bool | None = None,
         prefix_cache: bool = True,
+        chunk_size: int = 0,
     ):
         """`overlap`: launch each decode step before reading the last one back (None: on CUDA).
-        `prefix_cache`: reuse the KV of prefixes seen before (`prefix_cache.py`; text-only models)."""
+        `prefix_cache`: reuse the KV of prefixes seen before (`prefix_cache.py`; text-only models).
+        `chunk_size`: prefill tokens a step, longer prompts in chunks (`chunked_prefill.py`; 0: off)."""
         self.runner = runner
         self.max_running = max_running
         self.max_total_tokens = max_total_tokens
@@ -130,6 +110,8 @@ class Scheduler:
                 c.num_layers, c.num_kv_heads, c.head_dim, c.dtype, c.device, max_total_tokens
             )
         self._stale: set[int] = set()  # id() of running sequences admitted before the last flush
+        self.chunk_size = chunk_size if chunk_size > 0 and not runner.multimodal else 0
+        self.chunked: ChunkedPrefill | None = None  # the prompt part way through a chunked prefill
         self.prefill_computed = 0  # prompt tokens run through a prefill (n samples of a prompt: once)
         self.prefill_submitted = 0  # prompt tokens admitted (likewise once per prompt)
 
@@ -139,16 +121,18 @@ class Scheduler:
 
     def idle(self) -> bool:
         """Requests wait and nothing runs."""
-        return bool(self.waiting) and not self.running and self.inflight is None
+        return bool(self.waiting) and not self.running and self.inflight is None and self.chunked is None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.inflight)
+        return bool(self.waiting or self.running or self.inflight or self.chunked)
 
     def num_waiting(self) -> int:
-        return sum(len(u) for u in self.waiting)
+        chunked = len(self.chunked.live()) if self.chunked is not None else 0
+        return sum(len(u) for u in self.waiting) + chunked
 
     def kv_tokens(self) -> int:
-        return sum(s.num_tokens - 1 for s in self.running)
+        chunked = self.chunked.done if self.chunked is not None else 0
+        return sum(s.num_tokens - 1 for s in self.running) + chunked
 
     def _reserve(self, seq: Sequence) -> int:
         g = seq.group
@@ -159,7 +143,9 @@ class Scheduler:
         """Admit, then decode once; returns how many tokens were generated (read back, with `overlap`:
         the tokens of the step before)."""
         generated = 0
-        if self.waiting and self._admissible():
+        if self.chunked is not None:
+            generated += self._next_chunk()
+        elif self.waiting and self._admissible():
             generated += self.drain()
             generated += self._admit()
         if not self.overlap or self._has_special():
@@ -196,6 +182,8 @@ class Scheduler:
         reserved = self.reserved
         longest = 0
         used = 0
+        chunk = self.chunk_size
+        budget = min(self.max_prefill_tokens, chunk) if chunk else self.max_prefill_tokens
         for entry in self.waiting:
             unit = [s for s in entry if s.finish is None]
             if not unit:
@@ -203,15 +191,27 @@ class Scheduler:
                 continue
             need = sum(self._reserve(s) for s in unit)
             length = max(longest, len(unit[0].prefill_ids()))
+            long = chunk > 0 and self._to_compute(unit[0]) > chunk  # prefilled in chunks, alone
             if units or self.running or self.inflight:  # else a lone request is always admitted
                 if rows + len(unit) > self.max_running or reserved + need > self.max_total_tokens:
                     break
-                if (len(units) + 1) * length > self.max_prefill_tokens:
+                if units and long:
+                    break
+                # with chunking the first unit computes at most a chunk a step, whatever its length
+                if (units or not chunk) and (len(units) + 1) * length > budget:
                     break
             used += 1
             units.append(unit)
+            if long:
+                break
             rows, reserved, longest = rows + len(unit), reserved + need, length
         return units, used
+
+    def _to_compute(self, seq: Sequence) -> int:
+        """Tokens a prefill of `seq` computes: its prompt past the prefix cache's hit."""
+        ids = seq.prefill_ids()
+        cached = self.prefix.peek(ids, len(ids) - 1) * BLOCK if self.prefix is not None else 0
+        return len(ids) - cached
 
     def _admissible(self) -> bool:
         return bool(self._plan()[0])
@@ -228,6 +228,8 @@ class Scheduler:
             units = self._defer_shared(units)
         if not units:
             return 0
+        if self.chunk_size and len(units) == 1 and self._to_compute(units[0][0]) > self.chunk_size:
+            return self._start_chunked(units[0])
         seqs = [s for u in units for s in u]
         base = len(self.running)  # new sequence k goes to slot base + k
         firsts, k = [], 0  # slot of each unit's first sequence
@@ -261,6 +263,11 @@ class Scheduler:
         for u, first in zip(units, firsts, strict=True):
             self.cache.copy(first, list(range(first + 1, first + len(u))), len(u[0].prefill_ids()))
         rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
+        return self._join(seqs, logits_UV, rows)
+
+    def _join(self, seqs: list[Sequence], logits_UV: Tensor, rows: list[int]) -> int:
+        """Prefilled sequences, already in slots len(running).., join the batch: each one without an
+        output samples its first token from prefill row rows[k] of `logits_UV`."""
         fresh = [k for k, s in enumerate(seqs) if not s.output_ids]  # retracted ones hold a next token
         if fresh:
             idx = torch.tensor([rows[k] for k in fresh], device=logits_UV.device)
@@ -277,6 +284,64 @@ class Scheduler:
         self.batch = None
         self._drop_finished()
         return len(fresh)
+
+    # -- chunked prefill (`chunked_prefill.py`) ---------------------------------------------------
+    def _start_chunked(self, unit: list[Sequence]) -> int:
+        """Admit one long prompt: reserve its rows and memory, copy in its prefix-cache hit, prefill its
+        first chunk into the slot past the batch."""
+        slot = len(self.running)
+        ids = unit[0].prefill_ids()
+        hit = self.prefix.match(ids, len(ids) - 1) if self.prefix is not None else []
+        start = len(hit) * BLOCK
+        self.cache.reserve(slot + len(unit), max(self._reserve(s) for s in unit), self.max_running)
+        self.prefill_submitted += len(ids)
+        self.prefill_computed += len(ids) - start
+        self.reserved += sum(self._reserve(s) for s in unit)
+        if self.prefix is not None:
+            self.prefix.grow_limit = self.cache.slots * self.cache.capacity // BLOCK
+            self.prefix.load([(hit, slot)], self.cache.store)
+            self.prefix.evict_to(self.max_total_tokens - self.reserved)
+        self.chunked = ChunkedPrefill(unit, ids, slot, start, self.chunk_size)
+        self.chunked.run(self.runner)  # never the last chunk: the prompt is longer than one
+        return 0
+
+    def _next_chunk(self) -> int:
+        """Prefill the chunked prompt's next chunk; after its last, its samples join the batch."""
+        c = self.chunked
+        if not c.last():  # the slot is no running row's: the decode step in flight needs no wait
+            c.run(self.runner)
+            return 0
+        generated = self.drain()  # the batch changes
+        logits_1V = c.run(self.runner)
+        self.chunked = None
+        seqs = c.live()
+        first = len(self.running)  # the batch only shrank since the prompt was admitted at `c.slot`
+        if self.prefix is not None:
+            self.prefix.evict_to(self.max_total_tokens - self.reserved)
+            self.prefix.insert(c.ids, c.slot, self.max_total_tokens - self.reserved)
+            self.prefix.write(self.cache.store)
+        if c.slot != first:
+            self.cache.move([c.slot], [first], len(c.ids))
+        self.cache.copy(first, list(range(first + 1, first + len(seqs))), len(c.ids))
+        return generated + self._join(seqs, logits_1V, [0] * len(seqs))
+
+    def _unchunk(self) -> list[Sequence]:
+        """Drop the chunked prefill in progress (its slot is left as garbage past the batch) and give
+        back its reservations; returns its samples still unfinished."""
+        c, self.chunked = self.chunked, None
+        if c is None:
+            return []
+        live = c.live()
+        self.reserved -= sum(self._reserve(s) for s in live)
+        return live
+
+    def weights_changed(self) -> None:
+        """The weights were loaded: empty the prefix cache, and prefill a chunked prompt again from its
+        start (first in the queue), so its KV is all of the new weights."""
+        self.flush_prefix()
+        live = self._unchunk()
+        if live:
+            self.waiting.appendleft(live)
 
     def _defer_shared(self, units: list[list[Sequence]]) -> list[list[Sequence]]:
         """In-batch sharing (SGLang's in-batch prefix check): a prompt whose leading blocks an earlier
@@ -462,11 +527,17 @@ class Scheduler:
     def abort(self, rid: str | None, message: str = "aborted") -> int:
         """End the matching requests (all when `rid` is None); they return what they have so far."""
         hit: list[Sequence] = []
-        for s in [s for u in self.waiting for s in u] + self.running:
+        chunked = self.chunked.unit if self.chunked is not None else []
+        for s in [s for u in self.waiting for s in u] + self.running + chunked:
             if s.finish is None and (rid is None or rid in (s.group.rid, s.rid)):
                 s.abort(message)
                 hit.append(s)
         self.waiting = deque(u for u in self.waiting if any(s.finish is None for s in u))
+        if self.chunked is not None:  # an ended sample gives its reservation back; the last one the slot
+            ended = {id(s) for s in hit}
+            self.reserved -= sum(self._reserve(s) for s in chunked if id(s) in ended)
+            if not self.chunked.live():
+                self.chunked = None
         self._drop_finished()
         self._finalize(hit)
         return len({id(s.group) for s in hit})
@@ -474,7 +545,8 @@ class Scheduler:
     def note_version(self, old: str, new: str) -> None:
         """The weights changed from `old` to `new` between two steps: every unresolved sample records
         where its tokens under `new` begin (it reports all its versions when it finishes)."""
-        seqs = [*self.running, *(s for u in self.waiting for s in u)]
+        chunked = self.chunked.unit if self.chunked is not None else []
+        seqs = [*self.running, *(s for u in self.waiting for s in u), *chunked]
         for group in {id(s.group): s.group for s in seqs}.values():
             for s in group.seqs:
                 s.note_version(old, new)
@@ -483,6 +555,9 @@ class Scheduler:
         """Move every running sequence back to the front of the queue, dropping the KV cache; they are
         prefilled again (prompt + output so far) when admitted."""
         n = len(self.running)
+        live = self._unchunk()  # admitted after the running ones, before the queue
+        if live:
+            self.waiting.appendleft(live)
         for s in reversed(self.running):
             self.waiting.appendleft([s])
         self.running, self.reserved, self.batch, self.inflight = [], 0, None, None
@@ -494,7 +569,9 @@ class Scheduler:
 
     def fail_all(self, error: BaseException) -> None:
         """After an internal error: fail every request so no caller waits forever."""
-        groups = {id(s.group): s.group for s in [s for u in self.waiting for s in u] + self.running}
+        chunked = self.chunked.unit if self.chunked is not None else []
+        groups = {id(s.group): s.group for s in [s for u in self.waiting for s in u] + self.running + chunked}
+        self.chunked = None
         for g in groups.values():
             if not g.future.done():
                 g.future.set_exception(error)
