@@ -66,13 +66,19 @@ def resolve_model(repo_id: str, revision: str | None = None, key: str = "model.p
 
 
 def resolve_repo(
-    repo_id: str, revision: str | None = None, key: str = "model.path", repo_type: str = "model"
+    repo_id: str,
+    revision: str | None = None,
+    key: str = "model.path",
+    repo_type: str = "model",
+    allow_patterns: list[str] | None = None,
 ) -> tuple[str, str]:
     """`resolve_model` for a repository of any type ("model" or "dataset"); `key` names where the
-    config names it, for the error messages."""
+    config names it, for the error messages; `allow_patterns` (huggingface_hub's) fetches only the files
+    that match (None: all)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
+        IncompleteSnapshotError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -82,7 +88,11 @@ def resolve_repo(
     at = f" at revision {revision!r}" if revision else ""
     flag = "" if repo_type == "model" else f" --repo-type {repo_type}"
     try:
-        folder = snapshot_download(repo_id, revision=revision, repo_type=repo_type)
+        folder = snapshot_download(
+            repo_id, revision=revision, repo_type=repo_type, allow_patterns=allow_patterns
+        )
+    except IncompleteSnapshotError as e:  # before its base class: the cache holds part of the files
+        raise HubError(f"{key} = {repo_id}{at}: {e} (HF_HOME, HF_HUB_OFFLINE)") from e
     except LocalEntryNotFoundError as e:
         where = (
             "HF_HUB_OFFLINE=1 is set, and the Hub cache"

@@ -12,7 +12,8 @@ set's columns that play those parts (they become the `data.*_key` fields of each
 kept as they are).
 
 On the driver, before Ray starts, the repository is resolved through `relax.config.hub` (one commit, the
-Hub cache of `HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE=1` honoured) and the split is read from that
+Hub cache of `HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE=1` honoured; only the card and the chosen
+config's files when the card's `configs:` name them) and the split is read from that
 snapshot by the `datasets` library (its README `configs:` metadata, parquet / JSON / CSV files) and
 written once as a JSONL prompt file into the run folder,
 `<run_dir>/data/<org>--<name>--<config>--<split>--<digest>.jsonl`. The config then names that file, so
@@ -54,6 +55,7 @@ COLUMN_ROLES = {
     "metadata": "metadata_key",
 }
 _PARAMS = ("config", "split", "revision", *COLUMN_ROLES)
+_README = "README.md"
 _FORM = "hf://datasets/<org>/<name>[@revision]?config=<config>&split=<split>[&prompt=<column>&label=<column>]"
 
 
@@ -122,9 +124,7 @@ def materialize(ds: HubDataset, data: DataConfig, out_dir: Path, key: str) -> Pa
     """The JSONL prompt file of `ds` under `out_dir`, written from the Hub snapshot of one commit unless
     it is there already. Raises `HubError` when the repository cannot be resolved (offline and not
     cached, no such data set, no such revision) and `DataError` when the split cannot be read."""
-    from relax.config.hub import resolve_repo
-
-    folder, commit = resolve_repo(ds.repo_id, ds.revision, key, "dataset")
+    folder, commit = _fetch(ds, key)
     mapping = {getattr(data, COLUMN_ROLES[role]): column for role, column in ds.columns.items()}
     source = {
         "dataset": ds.repo_id,
@@ -156,6 +156,58 @@ def materialize(ds: HubDataset, data: DataConfig, out_dir: Path, key: str) -> Pa
     sidecar.write_text(json.dumps({**source, "spec": ds.spec, "rows": n}, indent=1) + "\n")
     logger.info("%s = %s: commit %s, %d rows written to %s", key, ds.spec, commit, n, path)
     return path
+
+
+def _fetch(ds: HubDataset, key: str) -> tuple[str, str]:
+    """The snapshot folder and commit of the data set, holding its README and the files of the chosen
+    config only when the README's `configs:` say which they are (other configs of a repository may be
+    far larger), else every file."""
+    from relax.config.hub import resolve_repo
+
+    folder, commit = resolve_repo(ds.repo_id, ds.revision, key, "dataset", allow_patterns=[_README])
+    patterns = config_patterns(Path(folder) / _README, ds.config)
+    allow = None if patterns is None else [_README, *patterns]
+    return resolve_repo(ds.repo_id, commit or ds.revision, key, "dataset", allow_patterns=allow)
+
+
+def config_patterns(readme: Path, config: str | None) -> list[str] | None:
+    """The file patterns of `config` (None: the default config) in a data set card's `configs:`, every
+    split's (`datasets` resolves them all), as `huggingface_hub` matches them (fnmatch, where `*` also
+    crosses `/`); [] for a config the card does not list (`datasets` then names those it does); None
+    when the card does not say (no card, no `configs:`, a form not handled here): fetch everything."""
+    from huggingface_hub import DatasetCard
+
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    if not text.startswith("---"):  # no metadata block (DatasetCard would warn of it)
+        return None
+    try:
+        configs = DatasetCard(text).data.to_dict().get("configs")
+    except Exception:  # noqa: BLE001 - a card it cannot parse: `datasets` will say what is wrong
+        return None
+    if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
+        return None
+    if config is not None:
+        chosen = next((c for c in configs if c.get("config_name", "default") == config), None)
+    else:  # as `datasets` picks: the one marked default, the only one, or the one named default
+        marked = [c for c in configs if c.get("default")]
+        named = [c for c in configs if c.get("config_name", "default") == "default"]
+        chosen = (marked or (configs if len(configs) == 1 else named) or [None])[0]
+    if chosen is None:
+        return []
+    files = chosen.get("data_files")
+    entries = files if isinstance(files, list) else [files]
+    paths: list[str] = []
+    for entry in entries:
+        value = entry.get("path") if isinstance(entry, dict) else entry
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, str) and v and "://" not in v for v in values):
+            return None  # no data_files (a data_dir, the conventions) or a URL: let everything come
+        paths += values
+    out: list[str] = []
+    for path in paths:
+        path = path.removeprefix("./")
+        out += [path, path.replace("**/", "")] if "**/" in path else [path]  # `**/` may match no folder
+    return out
 
 
 def _split_rows(folder: str, ds: HubDataset, where: str) -> Iterator[dict[str, Any]]:

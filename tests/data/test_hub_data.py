@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from relax.config import load_config
-from relax.config.hub import HubError, snapshot_of
+from relax.config.hub import HubError, resolve_repo, snapshot_of
 from relax.config.paths import resolve_paths
 from relax.data.dataset import DataError, load_prompt_files
 from relax.data.hub_data import parse_hub_dataset
@@ -188,6 +188,46 @@ def test_jsonl_files_without_readme_configs(tmp_path, monkeypatch):
     cfg = config_with(tmp_path, "hf://o/plain?prompt=problem&label=solution")
     rows = load_prompt_files(cfg.data.train_files, cfg.data)
     assert [(r.prompt, r.label) for r in rows] == [(f"{i}+0=", str(i)) for i in range(5)]
+
+
+def test_only_the_chosen_configs_files_are_fetched(tmp_path, monkeypatch):
+    """The card's `configs:` say which files a config reads: only those (and the card) are asked of the
+    Hub. Proven offline with the cache as a partial download leaves it: main's files only, beside the
+    listing of every file of the commit that `huggingface_hub` keeps (without which it cannot tell a
+    partial snapshot): main resolves, socratic is missing and named, where asking for every file of the
+    repository would fail for main too."""
+    from huggingface_hub import constants
+    from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
+    from huggingface_hub.utils import filter_repo_objects
+
+    from relax.data.hub_data import config_patterns
+
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    main = ["main/train-*.parquet", "main/test-*.parquet"]
+    assert config_patterns(readme, "main") == main and config_patterns(readme, None) == main  # default: true
+    assert config_patterns(readme, "socratic") == ["socratic/train-*.parquet"]
+    assert config_patterns(readme, "nope") == []  # only the card: `datasets` names the configs it lists
+    files = arith_gsm_files()
+    assert sorted(filter_repo_objects(list(files), allow_patterns=main)) == [
+        f for f in sorted(files) if f.startswith("main/")
+    ]
+    readme.write_text("---\nconfigs:\n- config_name: all\n  data_files: data/**/*.jsonl\n---\n")
+    assert config_patterns(readme, None) == ["data/**/*.jsonl", "data/*.jsonl"]
+    readme.write_text("# no card metadata\n")
+    assert config_patterns(readme, None) is None  # the conventions: every file
+
+    cache = tmp_path / "hub"
+    repo = build_dataset_cache(cache, {k: v for k, v in files.items() if not k.startswith("socratic/")})
+    listing = {k: TreeCacheEntry(size=len(v), blob_id=hashlib.sha1(v).hexdigest()) for k, v in files.items()}
+    write_tree_cache(str(repo), DCOMMIT, listing)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert len(read_jsonl(config_with(tmp_path, f"hf://{REPO}?config=main").data.train_files[0])) == 64
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE=1 is set"):  # what fetching every file would meet
+        resolve_repo(REPO, DCOMMIT, "k", "dataset")
+    with pytest.raises(HubError, match=r"relax-test/arith-gsm.*HF_HUB_OFFLINE=1 is set"):
+        config_with(tmp_path, f"hf://{REPO}?config=socratic")
 
 
 def test_errors_name_the_data_set_and_the_row(offline_datasets, tmp_path):
