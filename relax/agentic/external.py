@@ -52,7 +52,7 @@ class ExternalAgentRollout:
         self.tokenizer = tokenizer
         self.inflight = inflight
         self.stop_token_ids = list(stop_token_ids)
-        self.formatter = TurnFormatter(tokenizer, cfg.model.path)
+        self.formatter = TurnFormatter(tokenizer, cfg.model.path, cfg.data.chat_template_kwargs)
         self.server = OpenAIServer()
         self._sem: asyncio.Semaphore | None = None
         self.dropped_branches = 0

@@ -48,7 +48,7 @@ class MultiTurnRollout:
         self.tokenizer = tokenizer
         self.inflight = inflight
         self.factory = env_factory(self.agent.env)
-        self.formatter = TurnFormatter(tokenizer, cfg.model.path)
+        self.formatter = TurnFormatter(tokenizer, cfg.model.path, cfg.data.chat_template_kwargs)
         self.close_id = tokenizer.convert_tokens_to_ids(TOOL_CALL_CLOSE)
         stops = set(stop_token_ids)
         if self.agent.stop_at_tool_call and self.close_id is not None:

@@ -29,9 +29,14 @@ _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}
 
 
 class TurnFormatter:
-    def __init__(self, tokenizer: Any, model_path: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, model_path: str | None = None, template_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.model_path = model_path
+        # the template's own variables (data.chat_template_kwargs): prompts and the assistant turns opened
+        # after observations are rendered alike
+        self.template_kwargs = dict(template_kwargs or {})
         self.eos_text = "<|im_end|>"
         self.eos_id = tokenizer.convert_tokens_to_ids(self.eos_text)
         if self.eos_id is None or self.eos_id == tokenizer.unk_token_id:
@@ -48,12 +53,14 @@ class TurnFormatter:
     ) -> list[int]:
         """The prompt's tokens, the tools listed in the system turn when `tools` is given."""
         if not tools or not apply_chat_template:
-            return tokenize_prompt(self.tokenizer, prompt, apply_chat_template, system_prompt)
+            return tokenize_prompt(
+                self.tokenizer, prompt, apply_chat_template, system_prompt, self.template_kwargs
+            )
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if system_prompt is not None and messages[0].get("role") != "system":
             messages.insert(0, {"role": "system", "content": system_prompt})
         text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **self.template_kwargs
         )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -61,8 +68,10 @@ class TurnFormatter:
         """The text the template writes for `messages` after an assistant turn that ended with the
         end-of-turn token, through the opening of the next assistant turn."""
         render = self.tokenizer.apply_chat_template
-        base = render(_BASE, tokenize=False)
-        full = render(_BASE + list(messages), tokenize=False, add_generation_prompt=True)
+        base = render(_BASE, tokenize=False, **self.template_kwargs)
+        full = render(
+            _BASE + list(messages), tokenize=False, add_generation_prompt=True, **self.template_kwargs
+        )
         if not full.startswith(base) or self.eos_text not in base:
             raise ValueError(
                 "the chat template does not render a conversation as a prefix of its continuation; "

@@ -4,9 +4,11 @@ that reads it; `relax.config.schema` nests it under `RelaxConfig`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from relax.data.chat_template import check_template_kwargs
 
 
 class Section(BaseModel):
@@ -66,6 +68,12 @@ class DataConfig(Section):
     metadata_key: str = Field("metadata", description="Row field holding free-form metadata.")
     apply_chat_template: bool = Field(True, description="Wrap prompts in the tokenizer's chat template.")
     system_prompt: str | None = Field(None, description="System message prepended when templating.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Variables for the chat template when prompts are rendered (rollout, eval, the "
+        "prompt-length check, agent turns), e.g. {enable_thinking: false} for Qwen3 to train without "
+        "its <think> block; passed to apply_chat_template as /v1's chat_template_kwargs are.",
+    )
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by run.seed).")
     max_prompt_len: int = Field(
         1024, gt=0, description="Longest prompt in tokens (chat template included); see overlong_prompts."
@@ -79,6 +87,11 @@ class DataConfig(Section):
         "filter_overlong_prompts). Rows with media are checked when processed (an error).",
     )
     media: MediaConfig = Field(default_factory=MediaConfig, description="Images, videos and audio of rows.")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_template_kwargs(v, "data.chat_template_kwargs")
 
     @field_validator("train_files", mode="before")
     @classmethod

@@ -207,10 +207,13 @@ def tokenize_prompt(
     prompt: str | list[dict[str, Any]],
     apply_chat_template: bool = True,
     system_prompt: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Prompt token ids. With the chat template, a string becomes one user message, `system_prompt` (if
     given and the messages have none) is put first, and the assistant turn is opened
-    (`add_generation_prompt=True`). Without it, a string is encoded as is (no special tokens added)."""
+    (`add_generation_prompt=True`); `template_kwargs` are the template's own variables
+    (`data.chat_template_kwargs`, e.g. `enable_thinking`). Without it, a string is encoded as is (no
+    special tokens added)."""
     if not apply_chat_template:
         if not isinstance(prompt, str):
             raise ValueError("a messages prompt needs apply_chat_template=True")
@@ -218,7 +221,9 @@ def tokenize_prompt(
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system_prompt is not None and (not messages or messages[0].get("role") != "system"):
         messages.insert(0, {"role": "system", "content": system_prompt})
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+    )
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

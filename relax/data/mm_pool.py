@@ -40,22 +40,39 @@ def _init_worker(model_path: str, cfg: MediaConfig) -> None:
 
 
 def _run(
-    processor: MultimodalProcessor, prompt: Any, media: dict, where: str, system_prompt: str | None
+    processor: MultimodalProcessor,
+    prompt: Any,
+    media: dict,
+    where: str,
+    system_prompt: str | None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[int], dict[str, np.ndarray] | None]:
-    out = processor.process(prompt, media, where=where, system_prompt=system_prompt)
+    out = processor.process(
+        prompt, media, where=where, system_prompt=system_prompt, template_kwargs=template_kwargs
+    )
     arrays = {k: v.numpy() for k, v in out.multimodal_inputs.items()} if out.multimodal_inputs else None
     return out.prompt_ids, arrays
 
 
-def _work(prompt: Any, media: dict, where: str, system_prompt: str | None) -> tuple[list[int], Any]:
+def _work(
+    prompt: Any, media: dict, where: str, system_prompt: str | None, template_kwargs: dict[str, Any] | None
+) -> tuple[list[int], Any]:
     assert _WORKER is not None, "media worker used before its initializer ran"
-    return _run(_WORKER, prompt, media, where, system_prompt)
+    return _run(_WORKER, prompt, media, where, system_prompt, template_kwargs)
 
 
 class MediaPool:
-    def __init__(self, model_path: str, cfg: MediaConfig, *, system_prompt: str | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        cfg: MediaConfig,
+        *,
+        system_prompt: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.system_prompt = system_prompt
+        self.template_kwargs = dict(template_kwargs or {})  # data.chat_template_kwargs
         self._local: MultimodalProcessor | None = None
         self._executor: Executor
         if cfg.workers > 0:
@@ -74,7 +91,8 @@ class MediaPool:
         )
 
     def _submit(self, row: PromptRow):
-        args = (row.prompt, row.media, row.where or f"row {row.index + 1}", self.system_prompt)
+        where = row.where or f"row {row.index + 1}"
+        args = (row.prompt, row.media, where, self.system_prompt, self.template_kwargs)
         if self._local is not None:
             return self._executor.submit(_run, self._local, *args)
         return self._executor.submit(_work, *args)

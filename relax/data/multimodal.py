@@ -120,6 +120,7 @@ class MultimodalProcessor:
         *,
         where: str = "prompt",
         system_prompt: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> ProcessedPrompt:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         messages = [{**m, "content": _content_text(m.get("content"))} for m in messages]
@@ -140,7 +141,9 @@ class MultimodalProcessor:
                 raise DataError(f"{where}: {kind} input is not supported by model type {self.model_type!r}")
         for m in messages:
             m["content"] = _PLACEHOLDER_RE.sub(lambda x: "".join(self.tokens[x.group(1)]), m["content"])
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+        )
         if self.full is not None:
             return self._process_full(text, media, where)
         tensors, token_counts = self._tensors(media, where)

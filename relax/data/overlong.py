@@ -55,7 +55,9 @@ def find_overlong(rows: list[PromptRow], tokenizer: Any, data: DataConfig) -> li
         if overhead is not None and _token_bound(row, data, overhead) <= data.max_prompt_len:
             continue
         try:
-            ids = tokenize_prompt(tokenizer, row.prompt, data.apply_chat_template, data.system_prompt)
+            ids = tokenize_prompt(
+                tokenizer, row.prompt, data.apply_chat_template, data.system_prompt, data.chat_template_kwargs
+            )
         except ValueError as e:
             raise DataError(f"{row.where or f'row {row.index}'}: {e}") from None
         if len(ids) > data.max_prompt_len:
@@ -120,7 +122,9 @@ def _template_overhead(tokenizer: Any, data: DataConfig) -> int | None:
     if data.system_prompt is not None:
         messages.insert(0, {"role": "system", "content": data.system_prompt})
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **data.chat_template_kwargs
+        )
     except Exception:  # templates raise their own error types (jinja2, ValueError) for odd inputs
         return None
     return len(text.encode())

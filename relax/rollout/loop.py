@@ -78,7 +78,9 @@ class RolloutLoop:
     def prompt_ids(self, row: PromptRow) -> list[int]:
         if row.index not in self._prompt_cache:
             d = self.cfg.data
-            ids = tokenize_prompt(self.tokenizer, row.prompt, d.apply_chat_template, d.system_prompt)
+            ids = tokenize_prompt(
+                self.tokenizer, row.prompt, d.apply_chat_template, d.system_prompt, d.chat_template_kwargs
+            )
             if len(ids) > d.max_prompt_len:
                 # data.overlong_prompts removed such rows when the data loaded; this names one that
                 # came another way (a custom agent, rows built in code)
@@ -97,7 +99,12 @@ class RolloutLoop:
             from relax.data.mm_pool import MediaPool
 
             d = self.cfg.data
-            self._media = MediaPool(self.cfg.model.path, d.media, system_prompt=d.system_prompt)
+            self._media = MediaPool(
+                self.cfg.model.path,
+                d.media,
+                system_prompt=d.system_prompt,
+                template_kwargs=d.chat_template_kwargs,
+            )
         out = await self._media.process(row)
         if len(out.prompt_ids) > self.cfg.data.max_prompt_len:
             raise ValueError(

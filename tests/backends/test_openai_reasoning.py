@@ -20,26 +20,13 @@ from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.backends.inference.embedded.server import EngineServer, build_app
 from relax.engine_api.openai.convert import tag_term
 from relax.engine_api.openai.messages import TemplateOptions
-from relax.models.tokenizer import QWEN25_CHAT_TEMPLATE
+from tests.thinking_template import EMPTY_BLOCK, THINKING_TEMPLATE
 
-# Qwen3's switches on the tiny model's Qwen2.5 template: `enable_thinking: false` writes an empty think
-# block into the opened assistant turn (as Qwen3's template does); `reasoning_effort` is written out.
-_OPEN = "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n"
-THINKING_TEMPLATE = QWEN25_CHAT_TEMPLATE.replace(
-    _OPEN,
-    _OPEN
-    + "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
-    + "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
-    + "    {%- endif %}\n"
-    + "    {%- if reasoning_effort is defined %}{{- 'effort: ' + reasoning_effort + '\\n' }}{%- endif %}\n",
-)
-EMPTY_BLOCK = "<think>\n\n</think>\n\n"
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 
 
 @pytest.fixture(scope="module")
 def thinking_model_dir(tiny_model_dir, tmp_path_factory):
-    assert _OPEN in QWEN25_CHAT_TEMPLATE
     out = tmp_path_factory.mktemp("tiny_thinking")
     shutil.copytree(tiny_model_dir, out, dirs_exist_ok=True)
     tok = AutoTokenizer.from_pretrained(out)

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.data.chat_template import check_template_kwargs
 from relax.engine_api.openai.errors import OpenAIError
 from relax.engine_api.openai.schema import ChatCompletionRequest
 
@@ -50,14 +51,6 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-# Names `apply_chat_template` takes itself: a template kwarg of that name would change how the prompt is
-# rendered behind the request's own fields (or break the call), so it is refused.
-_RESERVED = frozenset({"conversation", "messages", "tools", "documents", "add_generation_prompt",
-                       "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-                       "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-                       "chat_template"})  # fmt: skip
-
-
 @dataclass
 class TemplateOptions:
     """How a chat request's messages are rendered, beyond the messages and tools themselves."""
@@ -75,14 +68,10 @@ def template_options(req: ChatCompletionRequest) -> TemplateOptions:
     """The options of a chat request. `reasoning_effort` becomes the template variable of that name (as
     OpenAI-compatible servers pass it) unless `chat_template_kwargs` sets it. `continue_final_message`
     needs an assistant message last and implies `add_generation_prompt: false` (given true: a 400)."""
-    kwargs = dict(req.chat_template_kwargs or {})
-    reserved = sorted(_RESERVED & set(kwargs))
-    if reserved:
-        raise OpenAIError(
-            f"chat_template_kwargs may not set {', '.join(reserved)}: use the request's own fields",
-            400,
-            "chat_template_kwargs",
-        )
+    try:
+        kwargs = check_template_kwargs(req.chat_template_kwargs, "chat_template_kwargs")
+    except ValueError as e:
+        raise OpenAIError(str(e), 400, "chat_template_kwargs") from e
     if req.reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     if req.continue_final_message:
