@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-from relax.engine_api.openai.reasoning import REASONING_PARSERS
+from relax.data.reasoning import REASONING_PARSERS
 
 logger = logging.getLogger(__name__)
 

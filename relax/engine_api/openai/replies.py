@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from relax.data.reasoning import ReasoningStyle, reasoning_style, split_reasoning
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OpenAIBackend
-from relax.engine_api.openai.reasoning import ReasoningStyle, reasoning_style, split_reasoning
 from relax.engine_api.openai.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relax.engine_api.openai.reasoning import ReasoningSplitter, ReasoningStyle
+from relax.data.reasoning import ReasoningSplitter, ReasoningStyle
 from relax.engine_api.openai.tool_calls import TOOL_CALL_OPEN
 from relax.engine_api.streaming import IncrementalText
 

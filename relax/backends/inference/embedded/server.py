@@ -33,8 +33,8 @@ from relax.backends.inference.embedded.http_errors import bad_request, validatio
 from relax.backends.inference.embedded.http_generate import generate_router
 from relax.backends.inference.embedded.http_info import health_router, info_router
 from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
+from relax.data.reasoning import reasoning_style
 from relax.engine_api.openai.errors import openai_error
-from relax.engine_api.openai.reasoning import reasoning_style
 from relax.engine_api.openai.routes import openai_router
 from relax.utils.auth import guard, server_tokens
 from relax.utils.http_deadline import DEFAULT_HEADER_TIMEOUT_S, header_deadline_protocol
@@ -54,7 +54,7 @@ def build_app(
     engine: EmbeddedEngine, dependencies: Sequence[Any] = (), reasoning_parser: str | None = None
 ) -> FastAPI:
     """The engine's app; `dependencies` (FastAPI `Depends(...)`) guard every route but `/health`;
-    `reasoning_parser` splits `<think>` blocks from /v1 chat replies (`relax.engine_api.openai.reasoning`)."""
+    `reasoning_parser` splits `<think>` blocks from /v1 chat replies (`relax.data.reasoning`)."""
     app = FastAPI(title="relax embedded engine")
     deps = list(dependencies)
 
