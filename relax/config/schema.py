@@ -176,6 +176,13 @@ class RolloutConfig(Section):
         description="Embedded engines reuse the KV of prompt prefixes across requests (GRPO groups sent "
         "apart, agent turns, shared system prompts); emptied by every weight update.",
     )
+    engine_chunked_prefill_size: int | None = Field(
+        None,
+        ge=-1,
+        description="Embedded engines prefill at most this many prompt tokens a step; a longer prompt (a long "
+        "agent history) is prefilled in chunks while the running requests keep decoding (None: 8192 on a "
+        "GPU, 512 on the CPU; -1 or 0: off).",
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="Timeout of one /generate call.")
     partial_rollout: bool = Field(
         False,

@@ -59,6 +59,13 @@ def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="Do not reuse the KV of prompt prefixes across requests (the prefix cache).",
     )
+    serve.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="Prefill tokens per engine step: a longer prompt is prefilled in chunks, the running requests "
+        "decoding between them (as SGLang's flag; default 8192 on a GPU, 512 on the CPU; -1 or 0: off).",
+    )
     serve.add_argument("--max-context-len", type=int, default=None, help="Cap on prompt + output tokens.")
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU).")
     serve.add_argument("--seed", type=int, default=None, help="Seed of requests without a sampling_seed.")
@@ -98,6 +105,7 @@ def serve_command(args: argparse.Namespace) -> int:
         max_running=args.max_running,
         max_total_tokens=args.max_total_tokens,
         enable_prefix_cache=not args.disable_prefix_cache,
+        chunked_prefill_size=args.chunked_prefill_size,
         max_context_len=args.max_context_len,
         threads=args.threads,
         seed=args.seed,

@@ -31,6 +31,7 @@ def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
         "max_running": cfg.rollout.engine_max_running,
         "threads": cfg.rollout.engine_threads,
         "enable_prefix_cache": cfg.rollout.engine_prefix_cache,
+        "chunked_prefill_size": cfg.rollout.engine_chunked_prefill_size,
         "seed": cfg.run.seed,
     }
 

@@ -5,6 +5,7 @@ sequence behind."""
 
 from __future__ import annotations
 
+import argparse
 import random
 import threading
 
@@ -15,8 +16,12 @@ from transformers import AutoModelForCausalLM
 from relax.backends.inference.embedded.chunked_prefill import ChunkedPrefill
 from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.prefix_cache import BLOCK
+from relax.config.loader import ConfigError, load_config
+from relax.entrypoints.engine_cmd import add_engine_parser
+from relax.ops.fleet import engine_kwargs
 
 CHUNK = 32
+BASE = ["model.path=m", "data.train_files=[d]"]  # the least a run config holds
 GREEDY = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
 
 
@@ -119,9 +124,7 @@ def _decode_tokens_during_prefill(model_dir, chunk: int, long_len: int) -> int:
             _tokens(10, seed=8), {**GREEDY, "max_new_tokens": 1500}, rid="running", on_token=on_running
         )
         assert started.wait(60)
-        long = e.submit(
-            _tokens(long_len, seed=9), GREEDY, rid="long", on_token=lambda *_: log.append("long")
-        )
+        long = e.submit(_tokens(long_len, seed=9), GREEDY, rid="long", on_token=lambda *_: log.append("long"))
         long.result(timeout=120)
         e.abort("running")
         assert running.result(timeout=60)[0].finish_reason["type"] == "abort"  # still running throughout
@@ -157,9 +160,7 @@ def _reference(model_dir, prompt: list[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("event", ["weight_update", "abort", "retract"])
-def test_an_event_during_a_chunked_prefill_leaves_no_half_prefilled_sequence(
-    tiny_model_dir, tmp_path, event
-):
+def test_an_event_during_a_chunked_prefill_leaves_no_half_prefilled_sequence(tiny_model_dir, tmp_path, event):
     prompt = _tokens(8 * CHUNK + 5, seed=10)
     new_weights = _perturbed(tiny_model_dir, tmp_path / "new")
     want_old = _reference(tiny_model_dir, prompt)
@@ -221,3 +222,22 @@ def test_a_long_prompt_is_admitted_while_others_run(tiny_model_dir):
         e.abort("running")
     finally:
         e.shutdown()
+
+
+def test_the_cli_flag_and_the_run_config_carry_the_chunk_size():
+    parser = argparse.ArgumentParser()
+    add_engine_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["engine", "serve", "--model", "m"]).chunked_prefill_size is None
+    args = parser.parse_args(["engine", "serve", "--model", "m", "--chunked-prefill-size", "-1"])
+    assert args.chunked_prefill_size == -1
+    cfg = load_config(None, [*BASE, "rollout.engine_chunked_prefill_size=2048"])
+    assert engine_kwargs(cfg)["chunked_prefill_size"] == 2048
+    assert engine_kwargs(load_config(None, BASE))["chunked_prefill_size"] is None  # the engine's default
+    with pytest.raises(ConfigError):
+        load_config(None, [*BASE, "rollout.engine_chunked_prefill_size=-2"])
+
+
+@pytest.mark.parametrize(("given", "want"), [(None, 512), (0, 0), (-1, 0), (100, 100)])
+def test_the_chunk_size_default_and_off(tiny_model_dir, given, want):
+    e = EmbeddedEngine(str(tiny_model_dir), device="cpu", chunked_prefill_size=given)
+    assert e.scheduler.chunk_size == want
