@@ -187,7 +187,7 @@ def check_completions(client: openai.OpenAI, model: str) -> None:
 def check_errors(client: openai.OpenAI, model: str) -> None:
     for kwargs, needle in [
         ({"extra_body": {"bogus_param": 1}}, "bogus_param"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"extra_body": {"repetition_penalty": 1.2}}, "repetition_penalty"),
         ({"temperature": -1}, "temperature"),
         ({"tool_choice": "required"}, "tool_choice"),
     ]:

@@ -119,3 +119,66 @@ def test_min_new_tokens_masks_eos(engine_server, model):
     resp = _post(engine_server, "/v1/completions", body)
     assert resp.status_code == 200, resp.text
     assert resp.json()["usage"]["completion_tokens"] == 7
+
+
+def test_a_tool_call_cut_by_max_tokens_is_length_with_the_text_as_generated(engine_server, model):
+    from tests.openai_checks import TOOLS, USER
+
+    body = {"model": model, "messages": USER, "tools": TOOLS, "tool_choice": "required", "max_tokens": 8,
+            "temperature": 1.0, "seed": 3}  # fmt: skip
+    resp = _post(engine_server, "/v1/chat/completions", body)
+    assert resp.status_code == 200, resp.text
+    (choice,) = resp.json()["choices"]
+    assert choice["finish_reason"] == "length" and not choice["message"].get("tool_calls")
+    content = choice["message"]["content"]
+    assert content.startswith("<tool_call>") and "</tool_call>" not in content  # no tag the model never wrote
+    with httpx.stream("POST", engine_server.url + "/v1/chat/completions", json={**body, "stream": True},
+                      timeout=120) as r:  # fmt: skip
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    import json
+
+    finishes = [
+        c["finish_reason"] for line in lines for c in json.loads(line[6:])["choices"] if c["finish_reason"]
+    ]
+    assert finishes == ["length"]
+
+
+def test_finish_reason_is_length_when_the_last_call_is_cut():
+    from relax.engine_api.openai.backend import Choice
+    from relax.engine_api.openai.replies import finish_reason
+
+    done, cut = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', "\n<tool_call>\n{"
+    assert finish_reason(Choice([1], [0.0], "length", done + cut), [{"id": "call"}]) == "length"
+    assert finish_reason(Choice([1], [0.0], "length", done), [{"id": "call"}]) == "tool_calls"
+    assert finish_reason(Choice([1], [0.0], "stop", done), [{"id": "call"}]) == "tool_calls"
+    assert finish_reason(Choice([1], [0.0], "abort", "x"), []) == "abort"
+
+
+def test_a_grammar_the_model_cannot_follow_is_a_short_abort_and_a_v1_error(engine_server, model):
+    params = {"regex": "<tool_call>[0-9]+", "max_new_tokens": 5, "temperature": 0}
+    finish = _generate(engine_server, params)["meta_info"]["finish_reason"]
+    assert finish["type"] == "abort" and finish["message"].startswith("grammar: ")
+    assert "<state>" not in finish["message"] and len(finish["message"]) < 400
+    body = {"model": model, "prompt": PROMPT, "regex": "<tool_call>[0-9]+", "max_tokens": 5, "temperature": 0}
+    resp = _post(engine_server, "/v1/completions", body)
+    err = resp.json()["error"]
+    assert resp.status_code == 400 and err["param"] == "regex" and err["message"].startswith("grammar: ")
+
+
+def test_regex_digit_and_word_classes_are_ascii(engine_server):
+    """As SGLang's default grammar backend reads them: `\\d` is [0-9] (llguidance alone would also allow
+    every Unicode digit, which a random tiny model picks often)."""
+    import re
+
+    for seed in range(3):
+        params = {
+            "regex": r"\d{6} \w{3}",
+            "max_new_tokens": 40,
+            "temperature": 1.0,
+            "n": 4,
+            "sampling_seed": seed,
+        }
+        body = {"input_ids": PROMPT, "sampling_params": params}
+        outs = _post(engine_server, "/generate", body).json()
+        for out in outs:
+            assert re.fullmatch(r"[0-9]{6} [0-9A-Za-z_]{3}", out["text"]), out["text"]

@@ -71,7 +71,7 @@ def test_an_unsupported_generate_field_is_refused_by_name(engine_server, field, 
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("frequency_penalty", 0.5), ("structural_tag", "{}"), ("beam_width", 4)]
+    ("field", "value"), [("repetition_penalty", 1.3), ("structural_tag", "{}"), ("beam_width", 4)]
 )
 def test_an_unsupported_sampling_field_is_refused_by_name(engine_server, field, value):
     resp = post(engine_server.url, {"input_ids": [1, 2], "sampling_params": {field: value}})

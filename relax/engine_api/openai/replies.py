@@ -8,7 +8,7 @@ from typing import Any
 
 from relax.data.reasoning import ReasoningStyle, reasoning_style, split_reasoning
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OpenAIBackend
-from relax.engine_api.openai.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls
+from relax.engine_api.openai.tool_calls import cut_call, parse_tool_calls
 
 
 def reasoning_of(backend: OpenAIBackend, separate_reasoning: bool) -> ReasoningStyle | None:
@@ -41,7 +41,7 @@ def assistant_message(
             c.id = backend.tool_call_id(prompt, len(calls))
             calls.append(c.to_openai())
         else:
-            content = (content + f"\n{TOOL_CALL_OPEN}{c.raw}{TOOL_CALL_CLOSE}").strip()
+            content = (content + "\n" + c.text).strip()  # as written: a call cut short stays open
     message: dict[str, Any] = {
         "role": "assistant",
         "content": content if content or not calls else None,
@@ -53,7 +53,12 @@ def assistant_message(
 
 
 def finish_reason(choice: Choice, calls: list[Any]) -> str:
-    if calls:
+    """OpenAI's finish reason: `tool_calls` for a turn with calls, unless the tokens ran out inside a call
+    (`length`: that call is cut, and stays in the content as written); `abort` for a generation the
+    engine ended (never reported as a natural `stop`)."""
+    if choice.finish_reason == "abort":
+        return "abort"
+    if calls and not (choice.finish_reason == "length" and cut_call(choice.text)):
         return "tool_calls"
     return "length" if choice.finish_reason == "length" else "stop"
 

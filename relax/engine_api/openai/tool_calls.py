@@ -34,6 +34,7 @@ class ToolCall:
     raw: str = ""  # the text between the tags
     error: str = ""  # why it could not be parsed ("" = well formed)
     id: str = ""  # call id (OpenAI tool_call_id), filled by whoever needs one
+    text: str = ""  # the call as the model wrote it: its tags, and no closing tag when it wrote none
 
     @property
     def ok(self) -> bool:
@@ -84,6 +85,7 @@ def parse_tool_calls(text: str, compact_tool: tuple[str, str] | None = None) -> 
     calls = []
     for m in _CALL_RE.finditer(text):
         call = _parse_body(m.group(1), compact_tool)
+        call.text = m.group(0)
         if not m.group(2) and not call.error:
             call.error = f"tool call is not closed with {TOOL_CALL_CLOSE}"
         calls.append(call)
@@ -91,3 +93,8 @@ def parse_tool_calls(text: str, compact_tool: tuple[str, str] | None = None) -> 
     for marker in ("<|im_end|>", "<|endoftext|>"):
         content = content.replace(marker, "")
     return ParsedTurn(content.strip(), calls)
+
+
+def cut_call(text: str) -> bool:
+    """Whether the text ends inside a tool call (opened, never closed): a turn cut by its token limit."""
+    return any(not c.text.endswith(TOOL_CALL_CLOSE) for c in parse_tool_calls(text).tool_calls)

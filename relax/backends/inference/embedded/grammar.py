@@ -71,7 +71,7 @@ class GrammarCompiler:
 
         try:
             if kind == "regex":
-                grammar = llguidance.LLMatcher.grammar_from_regex(text)
+                grammar = llguidance.LLMatcher.grammar_from_regex(ascii_classes(text))
             elif kind == "json_schema":
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
             else:
@@ -83,6 +83,48 @@ class GrammarCompiler:
         if error and not error.startswith("WARNING"):
             raise ValueError(f"invalid {kind}: {error.strip()}")
         return Grammar(tokenizer, grammar)
+
+
+# Perl classes as SGLang's default grammar backend (xgrammar) reads them: ASCII, where llguidance's regex
+# syntax (Rust's `regex`) makes them Unicode (`\d{6}` could give Arabic-Indic or Cham digits)
+_ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_"}
+
+
+def ascii_classes(regex: str) -> str:
+    """`regex` with `\\d`, `\\w`, `\\D`, `\\W` as ASCII classes: `[0-9]`, `[0-9A-Za-z_]` and their
+    complements; inside a bracket class `\\d` and `\\w` become the ranges (`[\\d.]` -> `[0-9.]`), while `\\D`
+    and `\\W` there stay as they are (Unicode). Escaped backslashes are left alone (`\\\\d` is a backslash
+    and a d)."""
+    out: list[str] = []
+    in_class, i = False, 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\" and i + 1 < len(regex):
+            e = regex[i + 1]
+            if e.lower() in _ASCII_CLASSES and not (in_class and e.isupper()):
+                ranges = _ASCII_CLASSES[e.lower()]
+                out.append(ranges if in_class else f"[{'^' if e.isupper() else ''}{ranges}]")
+            else:
+                out.append(c + e)
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+            out.append(c)
+            i += 1
+            # a `]` first in the class (after an optional `^`) is a literal
+            if i < len(regex) and regex[i] == "^":
+                out.append("^")
+                i += 1
+            if i < len(regex) and regex[i] == "]":
+                out.append("]")
+                i += 1
+            continue
+        if c == "]" and in_class:
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def allowed_tokens(matchers: list[Any], vocab_size: int) -> Tensor:

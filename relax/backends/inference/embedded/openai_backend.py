@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.prompt_text import encode_prompt
+from relax.backends.inference.embedded.sequence import GRAMMAR_ABORT
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OnTokens
 from relax.engine_api.openai.errors import OpenAIError
 from relax.engine_api.openai.messages import TemplateOptions, render_chat
@@ -101,6 +102,10 @@ class EngineOpenAIBackend:
             raise
         except RuntimeError as e:
             raise OpenAIError(str(e), 503) from e
+        for r in results:  # a grammar the model cannot follow is the request's fault, not a natural stop
+            message = str(r.finish_reason.get("message", ""))
+            if r.finish_reason.get("type") == "abort" and message.startswith(GRAMMAR_ABORT):
+                raise OpenAIError(message, 400, sp.grammar[0] if sp.grammar else None)
         return [
             Choice(
                 r.output_ids,

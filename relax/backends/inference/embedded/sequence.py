@@ -28,6 +28,8 @@ from relax.engine_api.protocol import SamplingParams
 from relax.engine_api.stop_regex import compile_stop_regex
 
 logger = logging.getLogger(__name__)
+# the start of an abort's message when the output could not follow the request's grammar
+GRAMMAR_ABORT = "grammar: "
 
 
 @dataclass
@@ -133,7 +135,7 @@ class Sequence:
         grammar_done = False
         if self.matcher is not None:
             if not self.matcher.consume_token(token):
-                self.finish = {"type": "abort", "message": f"grammar: {self.matcher.get_error()}"}
+                self.finish = {"type": "abort", "message": self._grammar_error(token)}
                 return
             grammar_done = self.matcher.is_stopped()
         # before min_new_tokens no stop token (they are masked: `logit_rows.py`), string or regex ends it
@@ -152,6 +154,19 @@ class Sequence:
             self.finish = {"type": "length", "length": len(out)}
         if g.on_token is not None:
             g.on_token(self.index, token, logprob, top)
+
+    def _grammar_error(self, token: int) -> str:
+        """A short reason for a grammar the model could not follow (llguidance's error is the first line of
+        a parser state dump; the dump is logged, not returned). Seen with a grammar whose literal text is
+        one of the tokenizer's added tokens (`<tool_call>`), which the grammar matches as text and never
+        as that token: write such a tag as a token (`<[id]>` in Lark) instead."""
+        full = str(self.matcher.get_error() or "")
+        logger.debug("grammar error of %s: %s", self.rid, full)
+        first = full.strip().splitlines()[0] if full.strip() else "no token fits"
+        shown = self.group.tokenizer.decode([token]) if self.group.tokenizer is not None else str(token)
+        return (
+            f"{GRAMMAR_ABORT}the output cannot follow the grammar at token {token} {shown!r} ({first[:200]})"
+        )
 
     def _matched_stop_string(self) -> str | None:
         window = self.output_ids[-self.group.stop_window :]
