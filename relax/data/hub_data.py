@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -135,7 +136,10 @@ def materialize(ds: HubDataset, data: DataConfig, out_dir: Path, key: str) -> Pa
     }
     digest = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:10]
     org, name = ds.repo_id.split("/")
-    path = out_dir / f"{org}--{name}--{ds.config or 'default'}--{ds.split}--{digest}.jsonl"
+    parts = [
+        re.sub(r"[^A-Za-z0-9_.-]", "_", part) for part in (ds.config or "default", ds.split)
+    ]  # a file name
+    path = out_dir / f"{org}--{name}--{parts[0]}--{parts[1]}--{digest}.jsonl"
     sidecar = path.with_suffix(".source.json")
     if path.is_file() and sidecar.is_file():  # the sidecar is written last: the file is complete
         logger.info("%s = %s: commit %s, already in %s", key, ds.spec, commit, path)

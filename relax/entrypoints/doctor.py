@@ -14,6 +14,7 @@ PACKAGES = [
     ("transformers", "model classes", "required"),
     ("ray", "cluster and Serve deployments", "required"),
     ("pydantic", "configuration", "required"),
+    ("datasets", "prompt data from Hub data sets (hf://...)", "required"),
     ("transferqueue", "streaming data plane", "required"),
     ("math-verify", "math reward", "required"),
     ("tensorboard", "metrics sink", "required"),
