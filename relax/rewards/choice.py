@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from relax.data.sample import Sample
-from relax.rewards.extract import last_boxed
+from relax.rewards.extract import after_reasoning, last_boxed
 
 # "answer" (any case), optional "is", optional colon, optional markdown bold and parenthesis, a capital.
 _ANSWER_LETTER = re.compile(r"(?i:answer)(?:\s+(?i:is))?\s*[:：]?\s*(?:\*\*)?\s*[(\[]?([A-Z])(?![A-Za-z0-9])")
@@ -45,7 +45,8 @@ def _label_letter(label: Any) -> str | None:
     return found.group(1).upper() if found else choice_letter(text)
 
 
-def multiple_choice(sample: Sample) -> float:
-    """1.0 if the option picked by ``sample.response_text`` is ``sample.label``, else 0.0."""
-    picked = choice_letter(sample.response_text)
+def multiple_choice(sample: Sample, strip_reasoning: bool = True) -> float:
+    """1.0 if the option picked by ``sample.response_text`` (after its reasoning block, with
+    ``strip_reasoning``) is ``sample.label``, else 0.0."""
+    picked = choice_letter(after_reasoning(sample.response_text, strip_reasoning))
     return 1.0 if picked is not None and picked == _label_letter(sample.label) else 0.0

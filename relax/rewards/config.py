@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relax.rewards.genrm import GenRMConfig
-from relax.rewards.registry import check_kwargs, resolve_reward
+from relax.rewards.registry import REWARDS, check_kwargs, resolve_reward
 
 
 class RewardConfig(BaseModel):
@@ -30,6 +30,13 @@ class RewardConfig(BaseModel):
         default_factory=dict,
         description="Keyword arguments for rewards selected per row, keyed by reward name or import "
         "path; for the default reward they are merged over `kwargs`. Other rewards get no arguments.",
+    )
+    strip_reasoning: bool = Field(
+        True,
+        description="Built-in rewards that score an answer (math, multiple_choice, exact_match, "
+        "first_number, f1, dapo, genrm) score the text after a reasoning model's <think>...</think> block "
+        "(or after </think> alone, as DeepSeek-R1 writes it); a block that never closes has no answer. "
+        "False: the whole response. A `strip_reasoning` in kwargs/type_kwargs wins for that reward.",
     )
     reward_key: str = Field(
         "reward",
@@ -96,6 +103,9 @@ class RewardConfig(BaseModel):
 
     def kwargs_for(self, rm_type: str) -> dict[str, Any]:
         """Keyword arguments for the reward ``rm_type``: ``kwargs`` for the default reward, merged with
-        ``type_kwargs[rm_type]``."""
+        ``type_kwargs[rm_type]``; ``strip_reasoning=False`` first for a built-in that scores an answer
+        when ``strip_reasoning`` is off."""
         base = dict(self.kwargs) if rm_type == self.name else {}
+        if not self.strip_reasoning and rm_type in REWARDS and REWARDS[rm_type].strips_reasoning:
+            base = {"strip_reasoning": False, **base}  # true is the built-ins' own default
         return {**base, **self.type_kwargs.get(rm_type, {})}

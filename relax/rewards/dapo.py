@@ -17,7 +17,7 @@ turns the length term off. The result is a dict: ``reward`` (the sum), ``acc`` (
 from __future__ import annotations
 
 from relax.data.sample import Sample
-from relax.rewards.extract import final_answer
+from relax.rewards.extract import after_reasoning, final_answer
 from relax.rewards.math import is_equivalent
 
 
@@ -41,6 +41,7 @@ def dapo(
     max_response_length: int,
     overlong_buffer_len: int = 0,
     overlong_penalty_factor: float = 1.0,
+    strip_reasoning: bool = True,
 ) -> dict[str, float]:
     """+1/-1 correctness (math verifier) plus the overlong penalty of ``sample.response_length`` tokens."""
     if not 0 <= overlong_buffer_len <= max_response_length:
@@ -48,7 +49,7 @@ def dapo(
             f"overlong_buffer_len must be in [0, max_response_length={max_response_length}], "
             f"got {overlong_buffer_len}"
         )
-    answer = final_answer(sample.response_text)
+    answer = final_answer(after_reasoning(sample.response_text, strip_reasoning))
     correct = answer is not None and is_equivalent(answer, sample.label)
     penalty = overlong_penalty(
         sample.response_length, max_response_length, overlong_buffer_len, overlong_penalty_factor

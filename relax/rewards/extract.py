@@ -1,11 +1,14 @@
-"""Pulling the answer out of a model's response: ``\\boxed{...}``, ``<answer>...</answer>``, "the answer
-is X", "#### X", the first or last number. Pure string functions shared by the built-in rewards; each
-returns ``None`` when the response holds no well-formed answer of that form.
+"""Pulling the answer out of a model's response: the text after a reasoning model's ``<think>`` block
+(``after_reasoning``), then ``\\boxed{...}``, ``<answer>...</answer>``, "the answer is X", "#### X", the
+first or last number. Pure string functions shared by the built-in rewards; each returns ``None`` when
+the response holds no well-formed answer of that form.
 """
 
 from __future__ import annotations
 
 import re
+
+from relax.data.reasoning import strip_reasoning
 
 _BOXED_CMDS = ("\\boxed", "\\fbox")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -14,6 +17,13 @@ _ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*:?\s*(.+)", re.IGNORECASE)
 # An integer or decimal, optionally with thousands separators or as a simple fraction a/b.
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _SIMPLE_NUMBER = re.compile(r"-?\d+(?:\.\d+)?|-?\.\d+")
+
+
+def after_reasoning(text: str, strip: bool = True) -> str:
+    """The part of a response a built-in reward scores: with `strip`, what follows the reasoning block
+    (`...</think>`, the block opened by the model or by the prompt as DeepSeek-R1's template does; ""
+    for a response whose `<think>` never closes: it wrote no answer); else the whole text."""
+    return strip_reasoning(text) if strip else text
 
 
 def balanced_braces(text: str, open_at: int) -> str | None:

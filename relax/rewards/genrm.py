@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relax.data.sample import Sample
+from relax.rewards.extract import after_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -161,11 +162,12 @@ class JudgeResult:
     texts: list[str] = field(default_factory=list)  # the judge's raw answers (for logs and debugging)
 
 
-def judge_item(sample: Sample) -> dict[str, Any]:
-    """What the judge needs of a sample (the sample itself stays in the caller)."""
+def judge_item(sample: Sample, strip_reasoning: bool = True) -> dict[str, Any]:
+    """What the judge needs of a sample (the sample itself stays in the caller): the response after its
+    reasoning block with `strip_reasoning` (the judge grades the answer, not the thinking)."""
     return {
         "question": question_text(sample.prompt),
-        "response": sample.response_text,
+        "response": after_reasoning(sample.response_text, strip_reasoning),
         "reference": sample.label,
     }
 
@@ -173,7 +175,9 @@ def judge_item(sample: Sample) -> dict[str, Any]:
 _HANDLES: dict[str, Any] = {}  # Serve application name -> handle, per process
 
 
-async def genrm(samples: list[Sample], app_name: str = GENRM_APP) -> list[dict[str, float]]:
+async def genrm(
+    samples: list[Sample], app_name: str = GENRM_APP, strip_reasoning: bool = True
+) -> list[dict[str, float]]:
     """The ``genrm`` reward (per group): judge every sample of the group with the GenRM service.
 
     Works wherever a Serve handle does: the Rollout replica, a reward pool worker, a test driver.
@@ -183,7 +187,9 @@ async def genrm(samples: list[Sample], app_name: str = GENRM_APP) -> list[dict[s
 
     if app_name not in _HANDLES:
         _HANDLES[app_name] = serve.get_app_handle(app_name)
-    result: JudgeResult = await _HANDLES[app_name].judge.remote([judge_item(s) for s in samples])
+    result: JudgeResult = await _HANDLES[app_name].judge.remote(
+        [judge_item(s, strip_reasoning) for s in samples]
+    )
     return [
         {
             "reward": score,

@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from relax.data.sample import Sample
-from relax.rewards.extract import final_answer
+from relax.rewards.extract import after_reasoning, final_answer
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +65,10 @@ def is_equivalent(answer: str, label: Any) -> bool:
         return False
 
 
-def math_reward(sample: Sample) -> float:
-    """1.0 if the final answer of ``sample.response_text`` equals ``sample.label``, else 0.0."""
-    answer = final_answer(sample.response_text)
+def math_reward(sample: Sample, strip_reasoning: bool = True) -> float:
+    """1.0 if the final answer of ``sample.response_text`` (after its reasoning block, with
+    ``strip_reasoning``) equals ``sample.label``, else 0.0."""
+    answer = final_answer(after_reasoning(sample.response_text, strip_reasoning))
     if answer is None:
         return 0.0
     return 1.0 if is_equivalent(answer, sample.label) else 0.0

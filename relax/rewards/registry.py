@@ -31,6 +31,11 @@ each still held to its own timeout (``relax.rewards.sync_batch``).
 The kind is declared with the ``@reward_fn(kind=...)`` decorator or by wrapping the function in a
 ``RewardSpec(fn, kind=...)``; an undecorated function is per-sample.
 
+A reasoning model's response holds its ``<think>`` block; the built-in rewards that score an answer
+take ``strip_reasoning`` (``RewardConfig.strip_reasoning``, default true) and score what follows the
+block. A user function sees ``sample.response_text`` whole; ``relax.rewards.extract.after_reasoning``
+gives it the answer part.
+
 To add a reward, write it (a small module in this package) and register it here in ``REWARDS``.
 A user's reward outside this package needs no registration: configure it by import path,
 ``name: "my_package.my_module:my_reward"``.
@@ -68,6 +73,8 @@ class RewardSpec:
     reward_key: str | None = None  # key of the reward in a dict result; None = RewardConfig.reward_key
     name: str = ""  # registered name or import path (for logs and metrics)
     needs_label: bool = False  # compares the response with the row's label (a row without one is an error)
+    # takes `strip_reasoning=`: scores the answer after a `<think>` block (RewardConfig.strip_reasoning)
+    strips_reasoning: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -112,8 +119,11 @@ def as_spec(obj: Any, name: str = "") -> RewardSpec:
     return RewardSpec(obj, kind=mark.get("kind", "sample"), reward_key=mark.get("reward_key"), name=name)
 
 
-def _builtin(fn: Callable[..., Any], kind: RewardKind = "sample", needs_label: bool = False) -> RewardSpec:
-    return RewardSpec(fn, kind=kind, reward_key="reward", needs_label=needs_label)
+def _builtin(
+    fn: Callable[..., Any], kind: RewardKind = "sample", needs_label: bool = False, answer: bool = True
+) -> RewardSpec:
+    """A built-in reward; `answer`: it scores the response's answer, so it takes `strip_reasoning`."""
+    return RewardSpec(fn, kind=kind, reward_key="reward", needs_label=needs_label, strips_reasoning=answer)
 
 
 # The built-in rewards, by name. To add one: write it in a small module of this package, add it here.
@@ -123,10 +133,12 @@ REWARDS: dict[str, RewardSpec] = {
     "exact_match": _builtin(exact_match, needs_label=True),
     "first_number": _builtin(first_number, needs_label=True),
     "f1": _builtin(f1, needs_label=True),
-    "format_think_answer": _builtin(format_think_answer),
+    "format_think_answer": _builtin(format_think_answer, answer=False),  # the whole response's shape
     "dapo": _builtin(dapo, needs_label=True),
-    "remote": _builtin(remote),
-    "token_rate": _builtin(token_rate),  # synthetic: share of token ids divisible by `modulus` (benchmarks)
+    "remote": _builtin(remote, answer=False),  # the service gets the whole response
+    "token_rate": _builtin(
+        token_rate, answer=False
+    ),  # synthetic: share of token ids divisible by `modulus` (benchmarks)
     "genrm": _builtin(genrm, kind="group"),  # LLM judge; needs RewardConfig.genrm (the GenRM service)
 }
 

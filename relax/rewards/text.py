@@ -1,5 +1,6 @@
 """String rewards: ``exact_match``, ``first_number`` and ``f1``.
 
+Each scores the response after its reasoning block (``strip_reasoning``, ``extract.after_reasoning``).
 ``exact_match`` and ``f1`` first narrow the response to its answer (``<answer>...</answer>``, else the
 last ``\\boxed{}``, else the whole text). A label may be a list of accepted answers; the best one counts.
 """
@@ -32,18 +33,18 @@ def normalize(text: str) -> str:
     return text[:-1].rstrip() if text.endswith(".") else text
 
 
-def exact_match(sample: Sample) -> float:
+def exact_match(sample: Sample, strip_reasoning: bool = True) -> float:
     """1.0 if the normalized answer of the response equals the normalized label (or one of them)."""
-    answer = normalize(extract.answer_span(sample.response_text))
+    answer = normalize(extract.answer_span(extract.after_reasoning(sample.response_text, strip_reasoning)))
     return 1.0 if any(answer == normalize(label) for label in _labels(sample.label)) else 0.0
 
 
-def first_number(sample: Sample) -> float:
+def first_number(sample: Sample, strip_reasoning: bool = True) -> float:
     """1.0 if the first integer/decimal in the response equals the label numerically, else 0.0.
 
     Used by the arithmetic toy task: prompt ``"3+4="``, label ``"7"``, response ``"7"`` scores 1.
     """
-    value = extract.first_number(sample.response_text)
+    value = extract.first_number(extract.after_reasoning(sample.response_text, strip_reasoning))
     if value is None:
         return 0.0
     for label in _labels(sample.label):
@@ -78,7 +79,7 @@ def token_f1(prediction: str, truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def f1(sample: Sample) -> float:
+def f1(sample: Sample, strip_reasoning: bool = True) -> float:
     """Token-level F1 between the response's answer and the label (the best over a list of labels)."""
-    answer = extract.answer_span(sample.response_text)
+    answer = extract.answer_span(extract.after_reasoning(sample.response_text, strip_reasoning))
     return max((token_f1(answer, label) for label in _labels(sample.label)), default=0.0)
