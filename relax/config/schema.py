@@ -467,6 +467,12 @@ class ResourcesConfig(Section):
     num_gpus: int | None = Field(
         None, ge=0, description="GPUs declared to a locally started Ray (None = every visible GPU)."
     )
+    dashboard: bool = Field(
+        False,
+        description="Start Ray's dashboard with the local cluster Relax starts, listening on 127.0.0.1 only "
+        "(its URL is logged; reach it from elsewhere through an SSH tunnel). A cluster Relax joins keeps "
+        "its own dashboard settings.",
+    )
     data_plane_cpus: float = Field(
         1.0,
         ge=0,

@@ -291,7 +291,9 @@ class ElasticManager:
                 logger.exception("elastic %s %s: a rollback step failed", op.kind, op.id)
         end = S.CANCELLED if op.cancel_requested else S.FAILED
         op.advance(end, f"{cause}; rolled back", error=None if end is S.CANCELLED else cause)
-        logger.info("elastic %s %s %s: %s", op.kind, op.id, end.value, cause)
+        # a failed operation is a warning: the console shows it (role processes log INFO to files only)
+        level = logging.INFO if end is S.CANCELLED else logging.WARNING
+        logger.log(level, "elastic %s %s %s: %s", op.kind, op.id, end.value, cause)
 
     async def _scale_out(self, op: Operation, undo: Undo) -> None:
         if op.request["mode"] == "ray_native":

@@ -141,7 +141,13 @@ class Controller:
         old_handlers = self._install_signal_handlers()  # a stop while starting ends the start too
         r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
         self._owns_ray = service.start_ray(
-            r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus, secrets_dir=self.run_dir / "secrets"
+            r.ray_address,
+            r.num_cpus,
+            r.object_store_mb,
+            r.num_gpus,
+            secrets_dir=self.run_dir / "secrets",
+            log_dir=self.run_dir / "logs",
+            dashboard=r.dashboard,
         )
         self._install_signal_handlers()  # again: starting Ray's core worker put its own SIGTERM handler in
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
@@ -207,14 +213,20 @@ class Controller:
         r = self.cfg.resources
         self._owns_ray = (
             service.start_ray(
-                r.ray_address, r.num_cpus, r.object_store_mb, r.num_gpus, secrets_dir=self.run_dir / "secrets"
+                r.ray_address,
+                r.num_cpus,
+                r.object_store_mb,
+                r.num_gpus,
+                secrets_dir=self.run_dir / "secrets",
+                log_dir=self.run_dir / "logs",
+                dashboard=r.dashboard,
             )
             or self._owns_ray
         )
         gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
         self._check_stop("the roles started")
         self._gpu_group = gpus.ensure_gpu_group(self.cfg, gpus.cluster_gpus())
-        service.start_serve()
+        service.start_serve(self.run_dir / "logs")
         self.specs = {spec.name: spec for spec in self._role_specs(resume_step)}
         self.health.known.clear()
         # The data plane (TransferQueue's controller and storage units: seconds of process start-up on a
@@ -299,7 +311,7 @@ class Controller:
         if self.plane is not None:
             asyncio.run(self.plane.close())
             self.plane = None
-        service.shutdown(stop_ray=False)
+        service.delete_roles()  # Serve itself stops with the run (`service.shutdown`)
         if self._gpu_group is not None:
             from ray.util import remove_placement_group
 
@@ -392,6 +404,9 @@ class Controller:
         times: dict[str, float] = {}
         with timer("eval", times):
             metrics = self.watchdog.wait(self.rollout.evaluate.remote(step), "rollout", "the evaluation")
+        for es in self.cfg.eval.sets:  # on the console (the Rollout's own line goes to its log file)
+            if (reward := metrics.get(f"eval/{es.name}/reward_mean")) is not None:
+                logger.info("eval %s at step %d: reward %.3f", es.name, step, reward)
         return {**metrics, **times}
 
     # -- checkpoints -------------------------------------------------------------------------

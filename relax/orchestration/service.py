@@ -2,6 +2,15 @@
 
 Each role is its own Serve application, so a failed replica is restarted by Serve without touching the
 other roles. Role classes are plain Python classes; `deploy_role` wraps them with `serve.deployment`.
+
+The console shows Relax's progress, not Ray's internals. On a cluster Relax starts with a run's log folder
+(`start_ray(log_dir=...)`, the run's `logs/`): Serve's controller and replicas log to files there
+(`logs/serve/`, Serve's `LoggingConfig` and `RAY_SERVE_LOG_TO_STDERR=0`, which also sends what a replica
+prints to its file), Relax's own INFO lines from role processes go to `logs/<process>.log`
+(relax/utils/logging.py) while their warnings and errors still reach the console through Ray's
+`log_to_driver`, and Ray's driver-side INFO lines are off. A clean exit deletes the roles' applications
+and then stops the whole cluster, so no Serve actor is killed while the driver still waits on it (which
+Ray reports as a warning).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -23,6 +33,10 @@ DEPLOY_POLL_S = 0.2
 # machine). Never for a cluster Relax joins: its nodes must advertise the addresses the other nodes reach
 # them on, and its auth is the cluster's (docs/cluster.md). The user's own environment wins.
 LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Where the processes of a cluster Relax starts write their logs (the run's `logs/`); read by
+# relax/utils/logging.py in each role's process, which inherits it.
+LOG_DIR_ENV = "RELAX_LOG_DIR"
+_serve_logs_dir: str | None = None  # Serve's log folder of this process's run (start_serve), else Ray's
 
 
 def cluster_address(configured: str | None) -> str | None:
@@ -31,16 +45,20 @@ def cluster_address(configured: str | None) -> str | None:
     return configured or os.environ.get("RAY_ADDRESS") or None
 
 
-def set_ray_env_defaults(local: bool = True, secrets_dir: Any = None) -> None:
+def set_ray_env_defaults(local: bool = True, secrets_dir: Any = None, log_dir: Any = None) -> None:
     """Set before Ray starts, so every worker it spawns inherits them; `local`: Relax starts the cluster
     on this machine (loopback only), with Ray's token authentication, its token kept in `secrets_dir`
-    (the run's `secrets/`; None: a private temporary folder)."""
+    (the run's `secrets/`; None: a private temporary folder); `log_dir` (a local cluster only): where its
+    processes log instead of the console (module docstring)."""
     if local:
         from relax.orchestration.ray_token import enable_ray_token
 
         for k, v in LOCAL_RAY_ENV.items():
             os.environ.setdefault(k, v)
         enable_ray_token(secrets_dir)
+        if log_dir is not None:
+            os.environ[LOG_DIR_ENV] = str(log_dir)
+            os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
     # Serve replicas export their cached request metrics every 100 ms by default, a steady cost per idle
     # replica on a small host (docs/measurements.md). Relax's own metrics do not come from there.
     os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")
@@ -65,29 +83,35 @@ def start_ray(
     object_store_mb: int,
     num_gpus: int | None = None,
     secrets_dir: Any = None,
+    log_dir: Any = None,
+    dashboard: bool = False,
 ) -> bool:
     """Join the cluster at `address` or `RAY_ADDRESS` (`cluster_address`), or start a local single-node
     Ray bound to 127.0.0.1 with `num_cpus`, `num_gpus` and the object store size (those describe only a
     cluster Relax starts), with Ray's token authentication, the token kept in `secrets_dir`
-    (`set_ray_env_defaults`). Returns whether this call connected (False when Ray was already initialised
-    in this process, e.g. by a test session)."""
+    (`set_ray_env_defaults`), its processes logging to `log_dir` rather than the console (module
+    docstring) and, with `dashboard`, Ray's dashboard on 127.0.0.1. Returns whether this call connected
+    (False when Ray was already initialised in this process, e.g. by a test session)."""
     address = cluster_address(address)
-    set_ray_env_defaults(local=address is None, secrets_dir=secrets_dir)
+    set_ray_env_defaults(local=address is None, secrets_dir=secrets_dir, log_dir=log_dir)
     import ray
 
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
         nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
         logger.info("joined the Ray cluster at %s: %d node(s) %s", address, len(nodes), nodes)
     else:
-        ray.init(
+        context = ray.init(
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             object_store_memory=object_store_mb * 1024 * 1024,
-            include_dashboard=False,
+            # never all interfaces: the dashboard runs code on the cluster for whoever reaches it
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
             _node_ip_address="127.0.0.1",
+            logging_level=logging.WARNING,  # Ray's own driver-side INFO lines ("Started a local Ray instance")
         )
         # where an operator reaches it (`ray status --address`, with the token: docs/cluster.md)
         logger.info(
@@ -95,14 +119,28 @@ def start_ray(
             ray.get_runtime_context().gcs_address,
             os.environ.get("RAY_AUTH_MODE", "Ray's default"),
         )
+        if dashboard:
+            logger.info("Ray dashboard at http://%s (loopback only)", context.dashboard_url)
     logger.info("ray resources: %s", ray.cluster_resources())
     return True
 
 
-def start_serve() -> None:
+def start_serve(log_dir: Path | None = None) -> None:
+    """Start Ray Serve (no HTTP proxy: roles are reached through handles), its controller and replicas
+    logging to `log_dir/serve` when given; Serve's driver-side INFO lines are kept off the console."""
+    global _serve_logs_dir
     from ray import serve
 
-    serve.start(proxy_location="Disabled")
+    _serve_logs_dir = str(Path(log_dir) / "serve") if log_dir is not None else None
+    # `import ray.serve` gives its logger a console handler at INFO ("Started Serve in namespace ...")
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    serve.start(proxy_location="Disabled", logging_config=_logging_config())
+
+
+def _logging_config() -> Any:
+    from ray.serve.schema import LoggingConfig
+
+    return LoggingConfig(logs_dir=_serve_logs_dir, enable_access_log=False)
 
 
 class RoleStartError(RuntimeError):
@@ -162,6 +200,7 @@ def _application(r: RoleDeployment):
         health_check_period_s=10,
         health_check_timeout_s=60,
         graceful_shutdown_timeout_s=20,
+        logging_config=_logging_config(),
     )
     return deployment.bind(*r.args, **r.kwargs)
 
@@ -251,15 +290,42 @@ def delete_role(name: str) -> None:
     logger.info("role %s removed", name)
 
 
-def shutdown(stop_ray: bool) -> None:
+def delete_roles(timeout_s: float = 60.0) -> None:
+    """Stop every role: delete all Serve applications at once (each replica shuts down gracefully) and
+    wait until they are gone, keeping Serve's controller for the next attempt or `shutdown`."""
     import ray
     from ray import serve
 
     if not ray.is_initialized():
         return
     try:
+        names = list(serve.status().applications)
+        for name in names:
+            serve.delete(name, _blocking=False)
+        deadline = time.monotonic() + timeout_s
+        while names and time.monotonic() < deadline:
+            names = [n for n in names if n in serve.status().applications]
+            time.sleep(DEPLOY_POLL_S)
+        if names:
+            logger.warning("roles %s were still stopping after %.0fs", ", ".join(names), timeout_s)
+    except Exception:  # noqa: BLE001 - stopping; Serve or the cluster may already be gone
+        logger.exception("stopping the roles failed")
+
+
+def shutdown(stop_ray: bool) -> None:
+    """The end of a run. `stop_ray` (Relax started the cluster): stop the cluster, Serve with it; the
+    roles were deleted before (`delete_roles`), and `serve.shutdown()` here would have Serve's controller
+    kill itself under the driver's pending calls, which Ray reports as warnings on a clean exit. A cluster
+    Relax joined keeps running, so Serve is shut down in it."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    if stop_ray:
+        ray.shutdown()
+        return
+    try:
         serve.shutdown()
     except Exception:  # noqa: BLE001 - shutting down; the cluster may already be gone
         logger.exception("serve shutdown failed")
-    if stop_ray:
-        ray.shutdown()
