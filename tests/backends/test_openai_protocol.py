@@ -182,3 +182,24 @@ def test_regex_digit_and_word_classes_are_ascii(engine_server):
         outs = _post(engine_server, "/generate", body).json()
         for out in outs:
             assert re.fullmatch(r"[0-9]{6} [0-9A-Za-z_]{3}", out["text"]), out["text"]
+
+
+def test_an_unknown_model_is_404_model_not_found(engine_server, model):
+    for path, body in [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 1}),
+    ]:
+        resp = _post(engine_server, path, {**body, "model": "gpt-4o"})
+        err = resp.json()["error"]
+        assert resp.status_code == 404 and err["code"] == "model_not_found" and err["param"] == "model"
+        assert "gpt-4o" in err["message"] and model in err["message"]
+        # the name /v1/models lists, the model path as the server was given it, or no name at all
+        listed = httpx.get(engine_server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        for name in (listed, engine_server.engine.runner.model_path, None):
+            resp = _post(engine_server, path, {**body, "model": name} if name else body)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["model"] == (name or model)
+    assert (
+        httpx.get(engine_server.url + "/v1/models/gpt-4o", timeout=30).json()["error"]["code"]
+        == "model_not_found"
+    )

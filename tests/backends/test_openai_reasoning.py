@@ -80,7 +80,11 @@ def test_chat_template_kwargs_over_http(server, oai):
         ("effort", {"reasoning_effort": "high"}),
     ]:
         reply = oai.chat.completions.create(
-            model="m", messages=MESSAGES, max_tokens=1, temperature=0, extra_body=extra
+            model=server.engine.runner.model_path,
+            messages=MESSAGES,
+            max_tokens=1,
+            temperature=0,
+            extra_body=extra,
         )
         usage[name] = reply.usage.prompt_tokens
     assert usage["no_think"] == usage["plain"] + len(tok.encode(EMPTY_BLOCK, add_special_tokens=False))
@@ -102,7 +106,10 @@ def test_continue_final_message(server, oai):
     assert continued == head + tok.encode("The answer is", add_special_tokens=False)
     assert closed[: len(continued)] == continued and closed != continued  # that one ends the turn
     reply = oai.chat.completions.create(
-        model="m", messages=start, max_tokens=1, extra_body={"continue_final_message": True}
+        model=server.engine.runner.model_path,
+        messages=start,
+        max_tokens=1,
+        extra_body={"continue_final_message": True},
     )
     assert reply.usage.prompt_tokens == len(continued)
     for body, field in [
@@ -118,13 +125,16 @@ def test_continue_final_message(server, oai):
 def test_reasoning_content_split(server, oai):
     grammar = _think_grammar(server.engine.tokenizer, "two and two", "4")
     reply = oai.chat.completions.create(
-        model="m", messages=MESSAGES, max_tokens=40, extra_body={"ebnf": grammar}
+        model=server.engine.runner.model_path, messages=MESSAGES, max_tokens=40, extra_body={"ebnf": grammar}
     )
     message = reply.choices[0].message.model_dump()
     assert message["reasoning_content"] == "two and two" and message["content"] == "4"
     # the request turns the parser off: the text as written
     reply = oai.chat.completions.create(
-        model="m", messages=MESSAGES, max_tokens=40, extra_body={"ebnf": grammar, "separate_reasoning": False}
+        model=server.engine.runner.model_path,
+        messages=MESSAGES,
+        max_tokens=40,
+        extra_body={"ebnf": grammar, "separate_reasoning": False},
     )
     message = reply.choices[0].message.model_dump()
     assert message["content"] == "<think>two and two</think>4" and message.get("reasoning_content") is None
@@ -133,7 +143,11 @@ def test_reasoning_content_split(server, oai):
 def test_reasoning_content_streamed(server, oai):
     grammar = _think_grammar(server.engine.tokenizer, "two and two", "4")
     stream = oai.chat.completions.create(
-        model="m", messages=MESSAGES, max_tokens=40, stream=True, extra_body={"ebnf": grammar}
+        model=server.engine.runner.model_path,
+        messages=MESSAGES,
+        max_tokens=40,
+        stream=True,
+        extra_body={"ebnf": grammar},
     )
     reasoning, content, order = "", "", []
     for chunk in stream:
@@ -162,3 +176,31 @@ def test_deepseek_r1_style(server):
 def test_unknown_reasoning_parser_is_refused(server):
     with pytest.raises(ValueError, match="deepseek-r1, qwen3"):
         build_app(server.engine, reasoning_parser="qwen")
+
+
+def test_tool_calls_are_parsed_from_the_answer_only(server, oai):
+    """A call after the reasoning is a tool call; the reasoning is not content, whole or streamed."""
+    tok = server.engine.tokenizer
+    call = '\n{"name": "calc", "arguments": {}}\n'
+    grammar = (
+        f"start: {tag_term(tok, '<think>')} {json.dumps('plan')} {tag_term(tok, '</think>')} "
+        f"{tag_term(tok, '<tool_call>')} {json.dumps(call)} {tag_term(tok, '</tool_call>')}\n"
+    )
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    kwargs = {
+        "model": server.engine.runner.model_path,
+        "messages": MESSAGES,
+        "tools": tools,
+        "max_tokens": 40,
+        "extra_body": {"ebnf": grammar},
+    }
+    reply = oai.chat.completions.create(**kwargs)
+    message = reply.choices[0].message.model_dump()
+    assert message["reasoning_content"] == "plan" and message["content"] is None
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["calc"]
+    assert reply.choices[0].finish_reason == "tool_calls"
+    chunks = list(oai.chat.completions.create(**kwargs, stream=True))
+    deltas = [c.choices[0].delta.model_dump() for c in chunks if c.choices]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "plan"
+    assert not "".join(d.get("content") or "" for d in deltas)
+    assert [t["function"]["name"] for d in deltas for t in d.get("tool_calls") or []] == ["calc"]

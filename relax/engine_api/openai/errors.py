@@ -15,12 +15,17 @@ TYPES = {
 class OpenAIError(Exception):
     """Raised anywhere under a route; answered in OpenAI's shape."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
+        """`code`: OpenAI's error code where it has one (`model_not_found`); else the HTTP status."""
         super().__init__(message)
-        self.message, self.status, self.param = message, status, param
+        self.message, self.status, self.param, self.code = message, status, param, code
 
 
-def openai_error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
+def openai_error(
+    message: str, status: int = 400, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     body = {"message": message, "type": TYPES.get(status, "invalid_request_error"), "param": param,
-            "code": status}  # fmt: skip
+            "code": code or status}  # fmt: skip
     return JSONResponse({"error": body}, status_code=status)

@@ -70,6 +70,22 @@ def _check_n(backend: OpenAIBackend, n: int) -> None:
         raise OpenAIError(f"n must be at most {backend.max_n} here: {backend.n_refusal}", 400, "n")
 
 
+def _check_model(backend: OpenAIBackend, name: str | None) -> None:
+    """A request naming a model this server does not serve is refused, as vLLM and OpenAI refuse it (404,
+    `model_not_found`): the name listed by /v1/models is served, and the backend's `model_aliases` (the
+    model path the server was given). A backend without `strict_model_names` (an agent's session, which
+    serves its one policy under whatever name the agent's code uses) accepts any name."""
+    if not name or not getattr(backend, "strict_model_names", False):
+        return
+    if name != backend.model_name and name not in getattr(backend, "model_aliases", ()):
+        raise OpenAIError(
+            f"The model `{name}` does not exist; this server serves `{backend.model_name}`",
+            404,
+            "model",
+            "model_not_found",
+        )
+
+
 def _card(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "relax"}
 
@@ -82,7 +98,7 @@ def openai_router(resolve: Resolve) -> APIRouter:
             try:
                 return await fn(*args, **kwargs)
             except OpenAIError as e:
-                return openai_error(e.message, e.status, e.param)
+                return openai_error(e.message, e.status, e.param, e.code)
 
         run.__signature__ = inspect.signature(fn)  # FastAPI reads the parameters
         run.__name__ = fn.__name__
@@ -100,7 +116,10 @@ def openai_router(resolve: Resolve) -> APIRouter:
         backend = await _backend(resolve, request)
         if model_id != backend.model_name:
             raise OpenAIError(
-                f"model {model_id!r} does not exist; this server serves {backend.model_name!r}", 404, "model"
+                f"model {model_id!r} does not exist; this server serves {backend.model_name!r}",
+                404,
+                "model",
+                "model_not_found",
             )
         return _card(backend.model_name)
 
@@ -109,6 +128,7 @@ def openai_router(resolve: Resolve) -> APIRouter:
     async def chat(request: Request) -> Any:
         backend = await _backend(resolve, request)
         req: ChatCompletionRequest = await _body(request, ChatCompletionRequest)
+        _check_model(backend, req.model)
         _check_n(backend, req.n)
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", 400, "top_logprobs")
@@ -154,6 +174,7 @@ def openai_router(resolve: Resolve) -> APIRouter:
     async def completions(request: Request) -> Any:
         backend = await _backend(resolve, request)
         req: CompletionRequest = await _body(request, CompletionRequest)
+        _check_model(backend, req.model)
         _check_n(backend, req.n)
         prompts = [backend.text_prompt(p) for p in req.prompts]
         params = sampling_params(req, req.max_tokens)

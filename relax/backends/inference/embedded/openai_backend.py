@@ -28,7 +28,12 @@ class EngineOpenAIBackend:
         self, engine: EmbeddedEngine, model_name: str | None = None, reasoning_parser: str | None = None
     ) -> None:
         self.engine = engine
-        self.model_name = model_name or Path(engine.runner.model_path).name
+        path = engine.runner.model_path
+        self.model_name = model_name or Path(path).name
+        # /v1 requests must name the model (404 otherwise, `routes._check_model`): the name above, or the
+        # model path the server was given, as given or resolved (clients configured with the path)
+        self.model_aliases = frozenset({path, str(Path(path).resolve()), Path(path).name})
+        self.strict_model_names = True
         self.reasoning_parser = reasoning_parser  # splits <think> blocks from replies (relax engine serve)
 
     @property
