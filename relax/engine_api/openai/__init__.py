@@ -6,7 +6,8 @@ streaming and errors are here.
 
 Modules: `schema` (request bodies), `convert` (request -> engine sampling parameters, tool grammars),
 `replies` (responses and log-probs), `streaming` (chunks), `routes` (the FastAPI router), `tool_calls`
-(Qwen's tool-call format), `messages` (messages for the chat template), `errors`.
+(Qwen's tool-call format), `messages` (messages and template options for the chat template), `errors`;
+reasoning replies are split by `relax.data.reasoning`.
 
 Layer: engine_api. May import config, data, utils.
 """
