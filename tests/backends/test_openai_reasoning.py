@@ -9,17 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 
 import httpx
 import openai
 import pytest
-from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
 from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
 from relax.backends.inference.embedded.server import EngineServer, build_app
 from relax.engine_api.openai.convert import tag_term
 from relax.engine_api.openai.messages import TemplateOptions
+from tests.engine_helpers import engine_process
 from tests.thinking_template import EMPTY_BLOCK, THINKING_TEMPLATE
 
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
@@ -112,6 +113,13 @@ def test_continue_final_message(server, oai):
         extra_body={"continue_final_message": True},
     )
     assert reply.usage.prompt_tokens == len(continued)
+    reply = oai.chat.completions.create(
+        model=server.engine.runner.model_path,
+        messages=start,
+        max_tokens=1,
+        extra_body={"add_generation_prompt": False},
+    )
+    assert reply.usage.prompt_tokens == len(closed)
     for body, field in [
         ({"messages": MESSAGES, "continue_final_message": True}, "messages"),  # no assistant message last
         ({"messages": start, "continue_final_message": True, "add_generation_prompt": True}, "continue"),
@@ -163,14 +171,29 @@ def test_reasoning_content_streamed(server, oai):
     assert order.count("reasoning") > 1  # streamed token by token, not sent at the end
 
 
-def test_deepseek_r1_style(server):
-    """R1's template opens the block in the prompt: the output has only `</think>`."""
-    app = build_app(server.engine, reasoning_parser="deepseek-r1")
-    grammar = _think_grammar(server.engine.tokenizer, "two and two", "4", open_tag=False)
-    with TestClient(app) as client:
+def test_deepseek_r1_style_from_the_command_line(thinking_model_dir, server):
+    """`relax engine serve --reasoning-parser deepseek-r1`: R1's template opens the block in the prompt, so
+    the output has only `</think>`; the split is the same whole and streamed."""
+    proc, url = engine_process(thinking_model_dir, "--threads", "1", "--reasoning-parser", "deepseek-r1")
+    try:
+        grammar = _think_grammar(server.engine.tokenizer, "two and two", "4", open_tag=False)
         body = {"messages": MESSAGES, "max_tokens": 40, "ebnf": grammar}
-        message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
-    assert message["reasoning_content"] == "two and two" and message["content"] == "4"
+        reply = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()
+        message = reply["choices"][0]["message"]
+        assert message["reasoning_content"] == "two and two" and message["content"] == "4"
+        with httpx.stream(
+            "POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60
+        ) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+        assert "".join(d.get("reasoning_content") or "" for d in deltas) == "two and two"
+        assert "".join(d.get("content") or "" for d in deltas) == "4"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_unknown_reasoning_parser_is_refused(server):
