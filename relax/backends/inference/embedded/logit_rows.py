@@ -87,7 +87,10 @@ class LogitRows:
                 out_BV[b] -= presence * (counts_V > 0).float() + frequency * counts_V
         for b, s, stop_ids in self.min_new:
             if len(s.output_ids) < s.group.params.min_new_tokens:
-                out_BV[b, stop_ids] = float("-inf")
+                row_V = out_BV[b].index_fill(0, stop_ids, float("-inf"))
+                # a grammar that allows only a stop token here wins: a row of all -inf cannot be sampled
+                if s.matcher is None or bool(torch.isfinite(row_V).any()):
+                    out_BV[b] = row_V
         return out_BV
 
     def top_logprobs(self, logits_BV: Tensor) -> list[TopLogprobs | None]:
