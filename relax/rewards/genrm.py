@@ -71,7 +71,8 @@ class GenRMConfig(BaseModel):
     max_new_tokens: int = Field(32, gt=0, description="Most tokens the judge may write per verdict.")
     verdict_pattern: str = Field(
         DEFAULT_VERDICT_PATTERN,
-        description="Regex that must match the judge's whole answer (stripped; re.fullmatch) with one "
+        description="Regex that must match the judge's whole answer (stripped, after a <think> block; "
+        "re.fullmatch) with one "
         "group capturing the verdict; prefix it with (?s).*? to allow reasoning before the verdict.",
     )
     verdict_scores: dict[str, float] = Field(
@@ -143,9 +144,10 @@ def parse_verdict(text: str, pattern: str, scores: dict[str, float]) -> str | No
     """The verdict in the judge's answer (a key of ``scores``), or None when there is none.
 
     Strict: ``pattern`` must match the whole stripped answer (``re.fullmatch``); the verdict is its first
-    group, and a verdict that is not a key of ``scores`` counts as none.
+    group, and a verdict that is not a key of ``scores`` counts as none. A thinking judge's answer is what
+    follows its ``<think>`` block (a block that never closes holds no verdict).
     """
-    match = re.fullmatch(pattern, text.strip())
+    match = re.fullmatch(pattern, after_reasoning(text).strip())
     if match is None:
         return None
     verdict = match.group(1)

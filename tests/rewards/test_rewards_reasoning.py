@@ -85,3 +85,16 @@ def test_config_switch_reaches_the_builtins():
         RewardScorer(cfg).score_sync(batch)
         scored.append(batch[0].reward)
     assert scored == [1.0, 0.0]
+
+
+def test_a_thinking_judge_gives_its_verdict_after_the_reasoning():
+    from relax.rewards.genrm import DEFAULT_VERDICT_PATTERN, parse_verdict
+
+    scores = {"CORRECT": 1.0, "INCORRECT": 0.0}
+    assert (
+        parse_verdict(
+            "<think>Verdict: INCORRECT? no.</think>\nVerdict: CORRECT", DEFAULT_VERDICT_PATTERN, scores
+        )
+        == "CORRECT"
+    )
+    assert parse_verdict("<think>Verdict: CORRECT", DEFAULT_VERDICT_PATTERN, scores) is None  # never finished
