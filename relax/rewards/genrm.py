@@ -72,8 +72,8 @@ class GenRMConfig(BaseModel):
     verdict_pattern: str = Field(
         DEFAULT_VERDICT_PATTERN,
         description="Regex that must match the judge's whole answer (stripped, after a <think> block; "
-        "re.fullmatch) with one "
-        "group capturing the verdict; prefix it with (?s).*? to allow reasoning before the verdict.",
+        "re.fullmatch) with one group capturing the verdict; prefix it with (?s).*? to allow reasoning "
+        "before the verdict.",
     )
     verdict_scores: dict[str, float] = Field(
         default_factory=lambda: {"CORRECT": 1.0, "INCORRECT": 0.0},
