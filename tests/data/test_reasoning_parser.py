@@ -1,4 +1,4 @@
-"""The `<think>` reasoning parsers (relax/engine_api/openai/reasoning.py): whole outputs of both styles,
+"""The `<think>` reasoning parsers (relax/data/reasoning.py): whole outputs of both styles,
 and the streaming splitter giving the same split for every way of cutting the text into chunks."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from relax.engine_api.openai.reasoning import (
+from relax.data.reasoning import (
     REASONING_PARSERS,
     ReasoningSplitter,
     reasoning_style,
