@@ -200,7 +200,8 @@ def openai_router(resolve: Resolve) -> APIRouter:
                 text, lp = c.text, None
                 if req.echo:
                     given = req.prompts[p]
-                    said = given if isinstance(given, str) else backend.tokenizer.decode(ids)
+                    tok = backend.tokenizer
+                    said = given if isinstance(given, str) else tok.decode(ids) if tok is not None else ""
                     text, lp = echoed_choice(ids, said, scores, c, backend.tokenizer)
                 elif req.logprobs is not None:
                     lp = completion_logprobs(c.output_ids, c.logprobs, c.top_logprobs, backend.tokenizer)
