@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relax.config.hub import looks_like_hub_id, resolve_model
+from relax.utils.hub import looks_like_hub_id, resolve_model
 
 if TYPE_CHECKING:
     from relax.config.schema import RelaxConfig
@@ -35,7 +35,7 @@ def _abs(path: str, base: Path) -> str:
 
 def _model(path: str, base: Path, revision: str | None, key: str) -> tuple[str, str | None]:
     """A model folder made absolute, or a Hub id resolved to its snapshot folder and commit
-    (relax.config.hub); the commit is None for a local folder."""
+    (relax.utils.hub); the commit is None for a local folder."""
     if looks_like_hub_id(path, base):
         return resolve_model(path, revision, key)
     return _abs(path, base), None

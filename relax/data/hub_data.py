@@ -11,7 +11,7 @@ for training data, `test` for eval sets); `prompt`, `messages`, `label` and `met
 set's columns that play those parts (they become the `data.*_key` fields of each row; other columns are
 kept as they are).
 
-On the driver, before Ray starts, the repository is resolved through `relax.config.hub` (one commit, the
+On the driver, before Ray starts, the repository is resolved through `relax.utils.hub` (one commit, the
 Hub cache of `HF_HOME` / `HF_HUB_CACHE`, `HF_HUB_OFFLINE=1` honoured; only the card and the chosen
 config's files when the card's `configs:` name them) and the split is read from that
 snapshot by the `datasets` library (its README `configs:` metadata, parquet / JSON / CSV files) and
@@ -166,7 +166,7 @@ def _fetch(ds: HubDataset, key: str) -> tuple[str, str]:
     """The snapshot folder and commit of the data set, holding its README and the files of the chosen
     config only when the README's `configs:` say which they are (other configs of a repository may be
     far larger), else every file."""
-    from relax.config.hub import resolve_repo
+    from relax.utils.hub import resolve_repo
 
     folder, commit = resolve_repo(ds.repo_id, ds.revision, key, "dataset", allow_patterns=[_README])
     patterns = config_patterns(Path(folder) / _README, ds.config)

@@ -21,12 +21,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 2
-    from relax.config.hub import HubError
     from relax.data.dataset import DataError
     from relax.orchestration.checkpoint import CheckpointError
     from relax.orchestration.controller import Controller
     from relax.orchestration.preflight import PreflightError
     from relax.orchestration.service import RoleStartError, RunStopped
+    from relax.utils.hub import HubError
 
     try:
         step = Controller(cfg, resume=args.resume).run()

@@ -134,7 +134,7 @@ def _tokenizer(cfg: RelaxConfig) -> Any:
 
 def _probe_node(paths: list[ConfigPath], run_dir: str, token: str) -> dict[str, Any]:
     """On one node: the problems with `paths` and the probe file written into the run folder."""
-    from relax.config.hub import ensure_snapshot
+    from relax.utils.hub import ensure_snapshot
     from relax.utils.net import node_ip
 
     for p in paths:

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from relax.config import load_config
-from relax.config.hub import HubError, looks_like_hub_id, resolve_model, snapshot_of
 from relax.config.paths import resolve_paths
+from relax.utils.hub import HubError, looks_like_hub_id, resolve_model, snapshot_of
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"

@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from relax.config import load_config
-from relax.config.hub import HubError, resolve_repo, snapshot_of
 from relax.config.paths import resolve_paths
 from relax.data.dataset import DataError, load_prompt_files
 from relax.data.hub_data import parse_hub_dataset
 from relax.data.toy import arith_rows
 from relax.orchestration.preflight import PreflightError, check_data
+from relax.utils.hub import HubError, resolve_repo, snapshot_of
 
 DCOMMIT = "1111111111111111111111111111111111111111"
 DOLD = "2222222222222222222222222222222222222222"
