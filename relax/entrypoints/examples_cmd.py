@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ def _output_of(argv: list[str]) -> str:
     raise ValueError(f"recipe line `relax {shlex.join(argv)}` has no --out")
 
 
-def prepare(name: str, dest: Path, *, force: bool = False, say: Any = print) -> Path:
+def prepare(name: str, dest: Path, *, force: bool = False, say: Callable[[str], object] = print) -> Path:
     """Write example `name`'s config into folder `dest` and run its recipe there (outputs under `dest`);
     an output that exists already is kept unless `force`. Returns the written config's path."""
     from relax.entrypoints.cli import build_parser
@@ -105,7 +106,7 @@ def prepare(name: str, dest: Path, *, force: bool = False, say: Any = print) -> 
         if target.exists() and not force:
             say(f"kept {target} (exists)")
             continue
-        args = parser.parse_args([*argv])
+        args = parser.parse_args(argv)
         args.out = str(target)  # the recipe's paths are relative to the example's folder
         say(f"relax {shlex.join(argv)}")
         rc = args.fn(args)
@@ -115,7 +116,7 @@ def prepare(name: str, dest: Path, *, force: bool = False, say: Any = print) -> 
 
 
 def add_examples_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("examples", help="list, show or copy the example configs")
+    p = subparsers.add_parser("examples", help="list, show, copy or prepare the example configs")
     sub = p.add_subparsers(dest="examples_command", required=True)
     sub.add_parser("list", help="every example with its first line").set_defaults(fn=cmd_list)
     show = sub.add_parser("show", help="print one example config")
