@@ -59,6 +59,8 @@ def set_ray_env_defaults(local: bool = True, secrets_dir: Any = None, log_dir: A
         if log_dir is not None:
             os.environ[LOG_DIR_ENV] = str(log_dir)
             os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+            # transformers' "Loading weights" bars of every process that loads a model (engines, ranks)
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # Serve replicas export their cached request metrics every 100 ms by default, a steady cost per idle
     # replica on a small host (docs/measurements.md). Relax's own metrics do not come from there.
     os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")

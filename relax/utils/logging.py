@@ -65,6 +65,11 @@ def _setup_role_logging(level: str, log_dir: Path) -> None:
         handler._relax_role = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     root.setLevel(level)
+    # Python warnings (libraries' deprecations) go to the file only: the console is for Relax's own
+    logging.captureWarnings(True)
+    py_warnings = logging.getLogger("py.warnings")
+    py_warnings.propagate = False
+    py_warnings.addHandler(to_file)
     # transformers' "Loading weights" bars would reach the console through the actor's stderr
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     if "transformers" in sys.modules:

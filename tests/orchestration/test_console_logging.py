@@ -29,6 +29,9 @@ def role_logger(ray_cluster):
             log = logging.getLogger("relax.test_role")
             log.info("an info line of the role")
             log.warning("a warning of the role")
+            import warnings
+
+            warnings.warn("a library's deprecation", FutureWarning, stacklevel=1)
             return [
                 (type(h).__name__, h.level, getattr(h, "stream", None) is sys.__stderr__)
                 for h in logging.getLogger().handlers
@@ -51,6 +54,7 @@ def test_a_role_logs_info_to_the_run_folder_and_warnings_to_the_console(role_log
     (log,) = tmp_path.glob("*.log")
     text = log.read_text()
     assert "an info line of the role" in text and "a warning of the role" in text
+    assert "a library's deprecation" in text  # Python warnings: the file, not the console
 
 
 def test_the_driver_keeps_the_console_at_info(monkeypatch, tmp_path):

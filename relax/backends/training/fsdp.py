@@ -84,6 +84,9 @@ class FSDPWorker:
     ) -> None:
         """`with_critic`: also hold PPO's critic, sharded over the same ranks as the policy (the layout
         verl's users expect: one process per GPU holding actor and critic), trained with `train_critic`."""
+        from relax.utils.logging import setup_logging
+
+        setup_logging()  # a rank's own process: its INFO and warnings go to the run's log files
         self.model_path, self.cfg, self.rank, self.world_size = model_path, cfg, rank, world_size
         self.dtype, self.total_steps, self.with_reference = dtype, total_steps, with_reference
         self.reference_path = reference_path  # the reference/teacher folder; None = the policy's own
