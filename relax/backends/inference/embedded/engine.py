@@ -374,6 +374,12 @@ class EmbeddedEngine:
             return 0
         return self._call(lambda: self.scheduler.abort(None if abort_all else rid))
 
+    def abort_soon(self, rid: str) -> Future:
+        """Queue the end of one request without waiting for it: for callers that may not wait, such as a
+        stream whose client left (its task is cancelled, and an awaited abort would be cancelled before it
+        ran). The future holds how many requests were ended."""
+        return self._post(lambda: self.scheduler.abort(rid))
+
     def pause(self, mode: str = "in_place") -> None:
         """Stop generating; returns once no step runs. `abort` ends every request, `retract` drops the KV
         cache (recomputed on resume), `in_place` keeps it."""

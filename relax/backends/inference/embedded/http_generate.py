@@ -219,5 +219,5 @@ async def _stream(
     finally:
         if not done.done():  # the client went away mid-stream
             logger.info("streaming client of %s went away; aborting", [j.rid for j in jobs])
-            for job in jobs:
-                await asyncio.to_thread(engine.abort, job.rid)
+            for job in jobs:  # queued, not awaited: this task is being cancelled
+                engine.abort_soon(job.rid)

@@ -102,8 +102,8 @@ class EngineOpenAIBackend:
             raise OpenAIError(str(e), 503) from e
         try:
             results = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:  # the client went away
-            await asyncio.to_thread(self.engine.abort, rid)
+        except asyncio.CancelledError:  # the client went away: queued, not awaited (this task is cancelled)
+            self.engine.abort_soon(rid)
             raise
         except RuntimeError as e:
             raise OpenAIError(str(e), 503) from e
