@@ -140,15 +140,7 @@ class Controller:
         preflight.check_local(self.cfg)
         old_handlers = self._install_signal_handlers()  # a stop while starting ends the start too
         r = self.cfg.resources  # Ray first: the HealthManager's heartbeat board is a Ray actor
-        self._owns_ray = service.start_ray(
-            r.ray_address,
-            r.num_cpus,
-            r.object_store_mb,
-            r.num_gpus,
-            secrets_dir=self.run_dir / "secrets",
-            log_dir=self.run_dir / "logs",
-            dashboard=r.dashboard,
-        )
+        self._owns_ray = self._start_ray()
         self._install_signal_handlers()  # again: starting Ray's core worker put its own SIGTERM handler in
         notifier = Notifier(self.cfg.ops.notify_urls, self.cfg.run.name)
         try:
@@ -209,20 +201,22 @@ class Controller:
         finally:
             self._stop_roles()
 
-    def _start_roles(self, resume_step: int | None) -> None:
+    def _start_ray(self) -> bool:
+        """Start (or join) Ray; True when this run started the cluster (and so stops it)."""
         r = self.cfg.resources
-        self._owns_ray = (
-            service.start_ray(
-                r.ray_address,
-                r.num_cpus,
-                r.object_store_mb,
-                r.num_gpus,
-                secrets_dir=self.run_dir / "secrets",
-                log_dir=self.run_dir / "logs",
-                dashboard=r.dashboard,
-            )
-            or self._owns_ray
+        return service.start_ray(
+            r.ray_address,
+            r.num_cpus,
+            r.object_store_mb,
+            r.num_gpus,
+            secrets_dir=self.run_dir / "secrets",
+            log_dir=self.run_dir / "logs",
+            dashboard=r.dashboard,
         )
+
+    def _start_roles(self, resume_step: int | None) -> None:
+        self._owns_ray = self._start_ray() or self._owns_ray  # a global restart finds Ray up
+        r = self.cfg.resources
         gpus.plan_gpus(self.cfg, gpus.cluster_gpus())
         self._check_stop("the roles started")
         self._gpu_group = gpus.ensure_gpu_group(self.cfg, gpus.cluster_gpus())
