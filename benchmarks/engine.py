@@ -6,6 +6,13 @@ alternating; the ratio is of the median times. Not a test.
     python benchmarks/engine.py --preset qwen2.5-0.5b --device cuda --dtype bfloat16 \
         --prompts 256 --prompt-len 128 --new-tokens 256
 
+`--itl` measures instead the inter-token latency of running decodes while long prompts arrive, chunked
+prefill off and on (`--chunked-prefill-size`, default the engine's), on one engine, alternating passes:
+
+    python benchmarks/engine.py --itl                # CPU: tiny model, 8 decodes, 2 prompts of 1536 tokens
+    python benchmarks/engine.py --itl --preset qwen2.5-0.5b --device cuda --dtype bfloat16 \
+        --prompts 64 --new-tokens 4096 --long-prompts 4 --long-len 16000
+
 Output lengths are uniform in [--min-new-tokens, --new-tokens] (equal when the two match). `generate`
 runs the prompts the way a user would: batches of `--hf-batch-size` prompts (default: all at once), each
 batch generating as many tokens as its longest request needs; only the tokens a request asked for count.
@@ -303,6 +310,94 @@ def profile_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list
     return out
 
 
+def itl_pass(engine: EmbeddedEngine, args: argparse.Namespace, prompts, long_prompts) -> dict:
+    """One pass: `prompts` decode (token times stamped on the engine thread as each token is read); once
+    each has 8 tokens, `long_prompts` arrive (one new token each). The window runs from their arrival to
+    the last one's first token; every gap between two tokens of a running request that overlaps it
+    counts (without chunking the one gap that holds the whole prefill)."""
+    stamps: list[list[float]] = [[] for _ in prompts]
+    params = {"temperature": 1.0, "ignore_eos": True}
+
+    def stamp(i: int):
+        return lambda *_: stamps[i].append(time.perf_counter())
+
+    futures = [
+        engine.submit(p, {**params, "max_new_tokens": args.new_tokens}, on_token=stamp(i))
+        for i, p in enumerate(prompts)
+    ]
+    while min(len(t) for t in stamps) < 8:
+        if any(f.done() for f in futures):  # failed, or too few --new-tokens
+            raise RuntimeError(f"a running request ended early: {futures[0].result()}")
+        time.sleep(0.001)
+    arrive = time.perf_counter()
+    longs = [engine.submit(p, {**params, "max_new_tokens": 1}) for p in long_prompts]
+    ttft = [f.result()[0].e2e_latency for f in longs]
+    done = time.perf_counter()
+    engine.abort(abort_all=True)
+    outs = [f.result()[0] for f in futures]
+    if any(o.finish_reason["type"] != "abort" for o in outs):
+        logger.warning("a running request ended before the window did: raise --new-tokens")
+    gaps = [(a, b) for t in stamps for a, b in zip(t, t[1:], strict=False)]
+    window = [b - a for a, b in gaps if b > arrive and a < done]  # the gaps the window overlaps
+    before = [b - a for a, b in gaps if b <= arrive]
+    window.sort()
+    return {
+        "itl_ms_max": 1e3 * window[-1] if window else float("nan"),
+        "itl_ms_p99": 1e3 * window[int(0.99 * (len(window) - 1))] if window else float("nan"),
+        "itl_ms_mean": 1e3 * statistics.mean(window) if window else float("nan"),
+        "itl_ms_before": 1e3 * statistics.median(before) if before else float("nan"),
+        "decode_tokens_per_request_in_window": len(window) / len(prompts),
+        "long_ttft_s_max": max(ttft),
+        "window_s": done - arrive,
+    }
+
+
+def bench_itl(model_dir: Path, args: argparse.Namespace, prompts, rng: random.Random, vocab: int) -> dict:
+    """Chunked prefill off and on, on one engine (its scheduler's `chunk_size` set between passes, so
+    both see the same captured graphs and allocations), `--repeats` alternating timed passes after one
+    untimed pass of each; medians."""
+    engine = EmbeddedEngine(
+        str(model_dir),
+        device=args.device,
+        dtype=args.dtype,
+        max_running=len(prompts) + args.long_prompts,
+        seed=0,
+        cuda_graphs=not args.no_cuda_graphs,
+        chunked_prefill_size=args.chunked_prefill_size,
+    ).start()
+    freeze_startup_objects()
+    chunk = engine.scheduler.chunk_size
+    longs = [[rng.randrange(vocab) for _ in range(args.long_len)] for _ in range(args.long_prompts)]
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    try:
+        for timed in [False] + [True] * args.repeats:
+            for label, size in (("off", 0), ("on", chunk)):
+                engine.scheduler.chunk_size = size  # between passes: no prompt is part way through
+                engine.flush_cache()  # the long prompts are prefilled whole each pass
+                r = itl_pass(engine, args, prompts, longs)
+                if timed:
+                    runs[label].append(r)
+                    logger.info(
+                        "chunked prefill %s: %s", label, json.dumps({k: round(v, 3) for k, v in r.items()})
+                    )
+    finally:
+        engine.shutdown()
+    med = {
+        label: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]} for label, rs in runs.items()
+    }
+    out = {"chunked_prefill_size": chunk, "long_prompts": args.long_prompts, "long_len": args.long_len}
+    out |= {"itl_off": med["off"], "itl_on": med["on"]}
+    for k in ("itl_ms_max", "itl_ms_p99", "long_ttft_s_max"):
+        out[f"{k}_ratio_off_on"] = round(med["off"][k] / med["on"][k], 2)
+    logger.info(
+        "max inter-token latency of running decodes while long prompts arrive: off %.1f ms, on %.1f ms "
+        "(%.1fx); longest time to first token of a long prompt: off %.3f s, on %.3f s",
+        med["off"]["itl_ms_max"], med["on"]["itl_ms_max"], out["itl_ms_max_ratio_off_on"],
+        med["off"]["long_ttft_s_max"], med["on"]["long_ttft_s_max"],
+    )  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
@@ -324,6 +419,17 @@ def main() -> None:
     ap.add_argument("--no-prefix-cache", action="store_true", help="Turn the engine's prefix cache off.")
     ap.add_argument("--no-overlap", action="store_true", help="Read each decode step back before the next.")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="Run the engine's decode steps eagerly.")
+    ap.add_argument(
+        "--itl", action="store_true", help="Running decodes' token latency as long prompts arrive."
+    )
+    ap.add_argument("--long-prompts", type=int, default=2, help="--itl: long prompts that arrive.")
+    ap.add_argument("--long-len", type=int, default=1536, help="--itl: tokens per long prompt.")
+    ap.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="--itl: the chunk size (default: the engine's).",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
@@ -349,6 +455,9 @@ def main() -> None:
         result |= {"prompt_len": args.prompt_len, "new_tokens": [min(lengths), max(lengths)], "tokens": total}
         if args.profile:
             print(json.dumps(result | profile_engine(model_dir, args, prompts)), flush=True)
+            return
+        if args.itl:
+            print(json.dumps(result | bench_itl(model_dir, args, prompts, rng, vocab)), flush=True)
             return
         eng_runs, hf_runs, gap = [], [], {}
         for _ in range(args.repeats):  # alternate, so a noisy spell on the machine hits both sides

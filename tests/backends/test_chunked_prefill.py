@@ -25,7 +25,17 @@ BASE = ["model.path=m", "data.train_files=[d]"]  # the least a run config holds
 GREEDY = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
 
 
-def _engine(model_dir, *, chunk: int, cache: bool = True, lean: bool = True) -> EmbeddedEngine:
+def _engine(
+    model_dir,
+    *,
+    chunk: int,
+    cache: bool = True,
+    lean: bool = True,
+    overlap: bool = False,
+    right: bool = False,
+) -> EmbeddedEngine:
+    """`overlap`: CUDA's overlapped decode steps, on the CPU; `right`: CUDA's bottom-right causal
+    attention of a lone chunk (`ModelRunner.prefill_after`; SDPA materialises it on the CPU)."""
     e = EmbeddedEngine(
         str(model_dir),
         device="cpu",
@@ -33,9 +43,11 @@ def _engine(model_dir, *, chunk: int, cache: bool = True, lean: bool = True) -> 
         seed=0,
         enable_prefix_cache=cache,
         chunked_prefill_size=chunk,
+        overlap=overlap,
     )
     if not lean:  # the `transformers` forward, which writes the cache through `update`
         e.runner.lean = None
+    e.runner.lower_right = right
     return e.start()
 
 
@@ -81,12 +93,20 @@ def _workload(e: EmbeddedEngine) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    ("lean", "cache"), [(True, True), (True, False), (False, True)], ids=["lean", "no-cache", "transformers"]
+    ("lean", "cache", "overlap", "right"),
+    [
+        (True, True, False, False),
+        (True, False, False, False),
+        (False, True, False, False),
+        (True, True, True, True),
+    ],
+    ids=["lean", "no-cache", "transformers", "overlap-lower-right"],
 )
-def test_outputs_with_chunking_equal_outputs_without(tiny_model_dir, chunk_runs, lean, cache):
+@pytest.mark.filterwarnings("ignore::UserWarning")  # SDPA: no fused kernel for the bottom-right mask on CPU
+def test_outputs_with_chunking_equal_outputs_without(tiny_model_dir, chunk_runs, lean, cache, overlap, right):
     results = {}
     for chunk in (0, CHUNK):
-        e = _engine(tiny_model_dir, chunk=chunk, cache=cache, lean=lean)
+        e = _engine(tiny_model_dir, chunk=chunk, cache=cache, lean=lean, overlap=overlap, right=right)
         try:
             results[chunk] = _workload(e)
             assert e.scheduler.chunked is None and e.scheduler.reserved == 0

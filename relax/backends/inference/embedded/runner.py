@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 from transformers import AutoTokenizer
 
 from relax.backends.inference.embedded.cuda_graphs import DecodeGraphs
@@ -108,6 +109,9 @@ class ModelRunner:
         # the additive mask's two values, 0-dim tensors of the model's dtype (see `_mask`)
         self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
         self._masked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+        # one prompt past its cached columns attends with a causal mask aligned to the bottom right, never
+        # materialised (`prefill_after`); on the CPU, where SDPA would only materialise it, a dense mask
+        self.lower_right = self.device.type == "cuda"
         self.graphs = None  # decode CUDA graphs: CUDA, lean decoder, text-only models
         if cuda_graphs and self.device.type == "cuda" and self.lean is not None and not self.multimodal:
             self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.device)
@@ -184,7 +188,10 @@ class ModelRunner:
         it and causally over itself. Returns the logits of each suffix's last token [U, V].
 
         It takes the masked attention path (the slot's earlier columns are keys the suffix did not
-        compute), not the plain causal prefill of `prefill`."""
+        compute), not the plain causal prefill of `prefill`. A lone suffix of the lean decoder (a chunk of
+        a chunked prefill, one prefix-cache hit) on CUDA attends by the causal mask aligned to the bottom
+        right over exactly its slot's columns: SDPA's flash kernel, where a dense mask of T x K (a 256 MiB
+        tensor for 8192 tokens over 16k columns) takes the memory-efficient kernel reading it whole."""
         U, T = len(suffixes), max(len(p) for p in suffixes)
         ids = torch.zeros(U, T, dtype=torch.long)
         for i, p in enumerate(suffixes):
@@ -192,9 +199,13 @@ class ModelRunner:
         start_U = torch.tensor(starts, device=self.device)
         lens_U = torch.tensor([len(p) for p in suffixes], device=self.device)
         pos_UT = start_U[:, None] + torch.arange(T, device=self.device)[None, :]  # cache column = position
-        K = min(-(-(max(starts) + T) // 16) * 16, self.cache.capacity)  # aligned rows for the SDPA mask
-        col_K = torch.arange(K, device=self.device)
-        mask = self._mask(col_K[None, None, :] <= pos_UT[:, :, None])  # [U, 1, T, K]; padding sees col 0..
+        if U == 1 and T > 1 and self.lean is not None and self.lower_right:
+            K = starts[0] + T  # no padding: query t sees columns 0..starts[0] + t
+            mask = causal_lower_right(T, K)
+        else:
+            K = min(-(-(max(starts) + T) // 16) * 16, self.cache.capacity)  # aligned rows for the SDPA mask
+            col_K = torch.arange(K, device=self.device)
+            mask = self._mask(col_K[None, None, :] <= pos_UT[:, :, None])  # [U, 1, T, K]; padding sees 0..
         rows = torch.tensor(slots, device=self.device)
         cache = self.cache.for_prefill(rows, pos_UT, K)
         h = self._hidden(ids.to(self.device), mask, pos_UT, cache)

@@ -471,10 +471,13 @@ class Scheduler:
             return
         where = {id(s): i for i, s in enumerate(before)}
         idx = torch.tensor([where[id(s)] for s in self.running], device=batch.tokens_B.device)
+        # the rows left may be shorter than the longest that left: carried on, `length` would grow past
+        # the cache's capacity (each row's next column is at most its num_tokens)
+        length = min(batch.length, max(s.num_tokens for s in self.running) + 1)
         self.batch = DecodeBatch(
             batch.tokens_B.index_select(0, idx),
             batch.pos_B.index_select(0, idx),
-            batch.length,
+            length,
             None if batch.delta_B is None else batch.delta_B.index_select(0, idx),
             BatchSampler([s.row for s in self.running], self.runner.device),
         )
