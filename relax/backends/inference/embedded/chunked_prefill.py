@@ -25,10 +25,9 @@ from torch import Tensor
 from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.sequence import Sequence
 
-GPU_CHUNK = 8192  # SGLang's default on large GPUs: an H200 prefills it in tens of ms for a 0.5B model
-# On a CPU a prefill runs near its matmul peak from a few hundred tokens on, and a 0.5B model computes
-# some hundreds of tokens a second, so a 512-token chunk keeps a running decode's wait near a second
-# while adding only a few percent to the prompt's own prefill time (docs/engines.md).
+GPU_CHUNK = 8192  # SGLang's default on large GPUs: large enough that a chunk's GEMMs stay efficient
+# A CPU prefills far fewer tokens a second, so a GPU-sized chunk would stall its decodes for seconds,
+# while a few hundred rows already keep its matmuls efficient (docs/engines.md, Chunked prefill)
 CPU_CHUNK = 512
 
 
