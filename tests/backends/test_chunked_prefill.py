@@ -261,3 +261,45 @@ def test_the_cli_flag_and_the_run_config_carry_the_chunk_size():
 def test_the_chunk_size_default_and_off(tiny_model_dir, given, want):
     e = EmbeddedEngine(str(tiny_model_dir), device="cpu", chunked_prefill_size=given)
     assert e.scheduler.chunk_size == want
+
+
+@pytest.mark.parametrize("where", ["admission", "first_chunk", "middle_chunk", "joining"])
+def test_a_failing_step_fails_the_prompt_being_prefilled_and_the_engine_serves_on(
+    tiny_model_dir, monkeypatch, where
+):
+    """Taken from the queue, not yet running: a step that fails there fails the request (it had hung)."""
+    e = _engine(tiny_model_dir, chunk=CHUNK, cache=False)
+    s = e.scheduler
+    failed = threading.Event()
+
+    def once(fn):
+        def wrapper(*a, **kw):
+            if not failed.is_set():
+                failed.set()
+                raise RuntimeError("injected")
+            return fn(*a, **kw)
+
+        return wrapper
+
+    if where == "admission":
+        e.runner.prefill = once(e.runner.prefill)
+    elif where == "joining":
+        s._join = once(s._join)
+    else:
+        run, skip = ChunkedPrefill.run, 0 if where == "first_chunk" else 2
+
+        def run_or_fail(c, runner):
+            if c.done >= skip * CHUNK and not failed.is_set():
+                failed.set()
+                raise RuntimeError("injected")
+            return run(c, runner)
+
+        monkeypatch.setattr(ChunkedPrefill, "run", run_or_fail)
+    try:
+        prompt = _tokens(CHUNK - 4 if where == "admission" else 5 * CHUNK, seed=14)
+        with pytest.raises(RuntimeError, match="injected"):
+            e.submit(prompt, GREEDY).result(timeout=60)
+        assert failed.is_set() and s.chunked is None and not s._admitting
+        assert e.generate(prompt, GREEDY)[0].output_ids == _reference(tiny_model_dir, prompt)
+    finally:
+        e.shutdown()

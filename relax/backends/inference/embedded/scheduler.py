@@ -110,6 +110,9 @@ class Scheduler:
                 c.num_layers, c.num_kv_heads, c.head_dim, c.dtype, c.device, max_total_tokens
             )
         self._stale: set[int] = set()  # id() of running sequences admitted before the last flush
+        # sequences taken from the queue and not yet running: a step that fails admitting them fails them
+        # too (`fail_all`), rather than leaving their callers waiting forever
+        self._admitting: list[Sequence] = []
         self.chunk_size = chunk_size if chunk_size > 0 and not runner.multimodal else 0
         self.chunked: ChunkedPrefill | None = None  # the prompt part way through a chunked prefill
         self.prefill_computed = 0  # prompt tokens run through a prefill (n samples of a prompt: once)
@@ -224,6 +227,7 @@ class Scheduler:
 
     def _admit(self) -> int:
         units = self._take_units()
+        self._admitting = [s for u in units for s in u]
         if self.prefix is not None and len(units) > 1:
             units = self._defer_shared(units)
         if not units:
@@ -281,6 +285,7 @@ class Scheduler:
             for k, t, lp, top in zip(fresh, tokens, logprobs, tops, strict=True):
                 seqs[k].append(t, lp, top)
         self.running.extend(seqs)
+        self._admitting = []
         self.batch = None
         self._drop_finished()
         return len(fresh)
@@ -302,6 +307,7 @@ class Scheduler:
             self.prefix.load([(hit, slot)], self.cache.store)
             self.prefix.evict_to(self.max_total_tokens - self.reserved)
         self.chunked = ChunkedPrefill(unit, ids, slot, start, self.chunk_size)
+        self._admitting = []
         self.chunked.run(self.runner)  # never the last chunk: the prompt is longer than one
         return 0
 
@@ -313,7 +319,7 @@ class Scheduler:
             return 0
         generated = self.drain()  # the batch changes
         logits_1V = c.run(self.runner)
-        self.chunked = None
+        self._admitting, self.chunked = c.unit, None
         seqs = c.live()
         first = len(self.running)  # the batch only shrank since the prompt was admitted at `c.slot`
         if self.prefix is not None:
@@ -573,8 +579,9 @@ class Scheduler:
     def fail_all(self, error: BaseException) -> None:
         """After an internal error: fail every request so no caller waits forever."""
         chunked = self.chunked.unit if self.chunked is not None else []
-        groups = {id(s.group): s.group for s in [s for u in self.waiting for s in u] + self.running + chunked}
-        self.chunked = None
+        queued = [s for u in self.waiting for s in u]
+        groups = {id(s.group): s.group for s in queued + self.running + chunked + self._admitting}
+        self.chunked, self._admitting = None, []
         for g in groups.values():
             if not g.future.done():
                 g.future.set_exception(error)
