@@ -60,6 +60,7 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) ->
         max_total_tokens=args.max_total_tokens,
         seed=0,
         enable_prefix_cache=cache,
+        chunked_prefill_size=args.chunked_prefill_size,
     ).start()
     try:
         run_sessions(engine, args, vocab)  # untimed
@@ -96,6 +97,12 @@ def main() -> None:
     ap.add_argument("--max-total-tokens", type=int, default=262144, help="The engine's KV budget.")
     ap.add_argument("--repeats", type=int, default=3, help="Timed passes per mode; the median counts.")
     ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU.")
+    ap.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="Prefill tokens a step (-1: off; default: the engine's).",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:

@@ -39,9 +39,8 @@ prompt + max_new_tokens, capped at the context length, so the batch never outgro
 is ever preempted) and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts
 does not stall decoding for long). A lone request is always admitted.
 
-With chunked prefill (`chunked_prefill.py`, `chunk_size` > 0; text-only models) the padded tokens of one
-admission are bounded by `chunk_size` too, and a prompt whose uncached part is longer than that is
-admitted alone and prefilled `chunk_size` tokens a step, the running batch decoding once after each
+With chunked prefill (`chunked_prefill.py`, `chunk_size` > 0; text-only models) a prompt whose uncached
+part is longer than `chunk_size` is admitted alone and prefilled `chunk_size` tokens a step, the running batch decoding once after each
 chunk; it is admitted whenever rows and memory allow, however long (without chunking a prompt longer
 than `max_prefill_tokens` waits until nothing runs). A weight load restarts a chunked prefill from the
 queue (its KV under one version), an abort or a retract ends it; none leaves a half-prefilled sequence.
@@ -186,7 +185,10 @@ class Scheduler:
         longest = 0
         used = 0
         chunk = self.chunk_size
-        budget = min(self.max_prefill_tokens, chunk) if chunk else self.max_prefill_tokens
+        # The batch's budget stays `max_prefill_tokens` with chunking on: it counts padded prompt lengths,
+        # cached prefixes included, so capping it at a chunk admitted one prefix-cache hit a step (agent
+        # turns on the H200: 0.75x the throughput of 16k). The chunk bounds what one long prompt computes.
+        budget = self.max_prefill_tokens
         for entry in self.waiting:
             unit = [s for s in entry if s.finish is None]
             if not unit:
