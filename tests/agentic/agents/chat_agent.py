@@ -30,25 +30,32 @@ def main() -> None:
     client = OpenAI(base_url=os.environ["RELAX_BASE_URL"], api_key=os.environ["OPENAI_API_KEY"])
     sample = json.load(open(os.environ["RELAX_SAMPLE_FILE"]))
     branch = "--branch" in sys.argv
+    # Seeded calls: the replies are the same whatever order the sessions' requests reach the engine in
+    # (unseeded ones draw from one stream in arrival order, which a loaded machine reorders). Some random
+    # replies of the tiny model do not come back as the same tokens (seed offset 0 drew
+    # 'alse_we_we\ufffd\ufffd\x04'), and their history then forms a branch of its own.
+    seed = sum(map(ord, sample["prompt"])) + 100
     messages = [{"role": "user", "content": sample["prompt"]}]
     seen = []
     for step in range(3):
         if step == 1:  # streamed: the chunks add up to the message
             stream = client.chat.completions.create(
-                model="policy", messages=messages, tools=TOOLS, max_tokens=6, stream=True
+                model="policy", messages=messages, tools=TOOLS, max_tokens=6, stream=True, seed=seed + step
             )
             content = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
             reply = {"role": "assistant", "content": content}
         else:
             resp = client.chat.completions.create(
-                model="policy", messages=messages, tools=TOOLS, max_tokens=6
+                model="policy", messages=messages, tools=TOOLS, max_tokens=6, seed=seed + step
             )
             reply = resp.choices[0].message.model_dump(exclude_none=True)
         seen.append(reply)
         messages += [reply, {"role": "user", "content": f"Step {step} done. Go on."}]
     if branch:  # the agent rewrites its history: drop the middle exchange
         edited = messages[:2] + messages[4:]
-        resp = client.chat.completions.create(model="policy", messages=edited, tools=TOOLS, max_tokens=6)
+        resp = client.chat.completions.create(
+            model="policy", messages=edited, tools=TOOLS, max_tokens=6, seed=seed + 3
+        )
         seen.append(resp.choices[0].message.model_dump(exclude_none=True))
     print(json.dumps(seen))
 
