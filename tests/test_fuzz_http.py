@@ -282,8 +282,8 @@ def test_agent_endpoint_answers_every_generated_request_below_500(engine, tiny_m
 
 
 def test_elastic_api_answers_every_generated_request_below_500(engine):
-    from relax.ops.elastic_api import ElasticServer
-    from relax.ops.elastic_manager import ElasticManager
+    from relax.fleet.elastic_api import ElasticServer
+    from relax.fleet.elastic_manager import ElasticManager
     from relax.rollout.router import Router
 
     loop = asyncio.new_event_loop()

@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"entrypoints"},
     {"orchestration"},
     {"roles"},
-    {"ops", "agentic"},
+    {"ops", "fleet", "agentic"},
     {"rollout"},
     {"backends/training", "backends/inference", "backends"},
     {"weights", "dataplane"},

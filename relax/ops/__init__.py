@@ -1,5 +1,5 @@
-"""Operations: heartbeats, engine supervision and replacement, the elastic rollout API and manager,
-notifications, metric sinks and step traces (docs/operations.md).
+"""Operations: heartbeats, notifications, metric sinks, startup checks and step traces
+(docs/operations.md). The engine fleet (supervision, replacement, the elastic API) is `relax.fleet`.
 
 Layer: ops (ARCHITECTURE.md). May import rollout, backends and everything below them.
 """

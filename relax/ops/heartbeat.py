@@ -7,7 +7,7 @@
   process tells the reader that a replica was replaced (by Serve or by us) and lost its state.
 * `with_heartbeat(cls, name, interval_s)` makes a role class beat from its constructor on, so the role
   classes stay plain (Serve deploys the subclass; tests use the classes directly).
-* Inference engines are not Serve roles: the Rollout's `EngineSupervisor` (`relax.ops.engine_recovery`)
+* Inference engines are not Serve roles: the Rollout's `EngineSupervisor` (`relax.fleet.engine_recovery`)
   checks each engine actor and posts `engine/<i>` beats for it.
 """
 

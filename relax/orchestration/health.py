@@ -177,7 +177,7 @@ class HealthManager:
 
     def engines_starved(self, snap: dict[str, dict[str, Any]]) -> bool:
         """Whether the Rollout's requests wait for replacement engines that hold no weights yet (its
-        supervisor's `engines` beat, relax/ops/engine_recovery.py)."""
+        supervisor's `engines` beat, relax/fleet/engine_recovery.py)."""
         info = snap.get("engines", {}).get("info", {})
         return bool(info.get("waiting")) and bool(info.get("pending"))
 

@@ -3,7 +3,7 @@ streams the `Sample`s (with the weight versions that produced them) into the ste
 partition: one step on request (colocate), or running ahead in a background task gated by the staleness
 rule (hybrid, fully_async), with weight updates in between or during generation.
 
-A façade over four parts: the engine fleet (`relax.ops.fleet`: engines, router, replacement, elastic
+A façade over four parts: the engine fleet (`relax.fleet.fleet`: engines, router, replacement, elastic
 API), the rollout loop and its step producer/assembler (`relax.rollout`), the step ledger
 (`relax.rollout.ledger`: what is drawn, written and trained) and the staleness gate. A plain class: Ray
 Serve deploys it (`relax.orchestration.service`), tests call it directly.
@@ -25,7 +25,7 @@ from relax.data.overlong import DROPPED_METRIC, load_checked
 from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
 from relax.dataplane.plane import DataPlane, PlaneClient, RowWriter
-from relax.ops.fleet import EngineFleet
+from relax.fleet.fleet import EngineFleet
 from relax.rewards import build_scorer
 from relax.rollout.evaluator import Evaluator
 from relax.rollout.ledger import StepLedger
@@ -73,11 +73,11 @@ class RolloutRole(PlaneClient):
         self._ahead_task: asyncio.Task | None = None
         self._step_error: BaseException | None = None  # the first failed step running ahead
         if cfg.rollout.elastic.enabled and (url := self.fleet.start_elastic()) is not None:
-            from relax.ops.elastic_api import record_endpoint
+            from relax.fleet.elastic_api import record_endpoint
 
             record_endpoint(cfg.run.run_dir, "elastic_api", url)
 
-    # -- engines (relax/ops/fleet.py): the weight push's questions ------------------------------
+    # -- engines (relax/fleet/fleet.py): the weight push's questions ------------------------------
     def engine_urls(self) -> list[str]:
         return self.fleet.urls()
 

@@ -119,7 +119,7 @@ def test_weight_receiver_routes_ask_for_the_token(tiny_model_dir):
 
 
 def test_elastic_api_routes_ask_for_the_token():
-    from relax.ops.elastic_api import ElasticServer
+    from relax.fleet.elastic_api import ElasticServer
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

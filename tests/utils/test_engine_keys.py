@@ -64,7 +64,7 @@ async def _attach_the_ways_a_run_does(url: str, tmp_path) -> None:
     import torch
 
     from relax.backends.inference.sglang import attach_external
-    from relax.ops.elastic_manager import ElasticManager
+    from relax.fleet.elastic_manager import ElasticManager
     from relax.rollout.router import Router
     from relax.weights.disk import DiskPublisher
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from relax.backends.inference.embedded.server import EngineServer
-from relax.ops.elastic_api import ElasticServer
-from relax.ops.elastic_manager import ElasticManager
+from relax.fleet.elastic_api import ElasticServer
+from relax.fleet.elastic_manager import ElasticManager
 from relax.rollout.router import Router
 from relax.weights.publisher import WeightPublisher
 

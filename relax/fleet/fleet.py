@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from relax.config import RelaxConfig
-from relax.ops.engine_recovery import START_TIMEOUT_S, EngineSupervisor
+from relax.fleet.engine_recovery import START_TIMEOUT_S, EngineSupervisor
 from relax.rollout.router import Router
 from relax.utils.net import bind_address
 from relax.utils.placement import ray_placement
@@ -56,7 +56,7 @@ class EngineFleet:
             )
             urls = self.group.urls
         self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
-        self.supervisor = None  # replaces failed embedded engines before a push (relax.ops.engine_recovery)
+        self.supervisor = None  # replaces failed embedded engines before a push (relax.fleet.engine_recovery)
         if self.group is not None:
             self.supervisor = EngineSupervisor(
                 self.group, self.router, cfg.model.path, engine_kwargs(cfg), cfg.ops.heartbeat_interval_s
@@ -74,8 +74,8 @@ class EngineFleet:
     def start_elastic(self) -> str | None:
         """Serve the elastic API on the running event loop (the role's: Serve's); returns its URL, or None
         outside an event loop (the API needs the loop the role's async methods run on)."""
-        from relax.ops.elastic_api import ElasticServer
-        from relax.ops.elastic_manager import ElasticManager
+        from relax.fleet.elastic_api import ElasticServer
+        from relax.fleet.elastic_manager import ElasticManager
 
         try:
             loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """Elastic scale operations as state machines, and the book that keeps them: one operation at a time,
 idempotent submission, a bounded history. Pure Python (no asyncio, no Ray, no HTTP), so the rules are
-unit-tested on their own; `relax.ops.elastic_manager` drives the operations.
+unit-tested on their own; `relax.fleet.elastic_manager` drives the operations.
 
 Scale out:  pending -> creating (ray_native) | connecting (external) -> health_checking
             -> weight_syncing -> active

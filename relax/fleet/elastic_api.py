@@ -5,7 +5,7 @@ deployments run without Serve's HTTP proxy: the role keeps its router and engine
 and the handlers hand every call over to that loop (`run_coroutine_threadsafe`), so the manager's state
 is only ever touched from one loop. The URL goes to `<run_dir>/endpoints.json` (`elastic_api`), where
 `relax status` finds it. The contract is docs/elastic_api.md; the OpenAPI document
-docs/elastic_openapi.json is generated from this module (`python -m relax.ops.elastic_api OUT.json`).
+docs/elastic_openapi.json is generated from this module (`python -m relax.fleet.elastic_api OUT.json`).
 
 Errors are answered `{"error": {"message": ..., "type": ...}}`: 400 for a malformed or impossible
 request, 404 for an unknown operation, 409 while another operation runs or when cancelling is no longer
@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from relax.ops.elastic_ops import ElasticError, Operation
+from relax.fleet.elastic_ops import ElasticError, Operation
 from relax.utils.auth import guard, process_token
 from relax.utils.http_deadline import header_deadline_protocol
 from relax.utils.http_limits import limit_requests
@@ -311,7 +311,7 @@ def openapi_document() -> dict[str, Any]:
     return build_app(None, None).openapi()
 
 
-if __name__ == "__main__":  # python -m relax.ops.elastic_api docs/elastic_openapi.json
+if __name__ == "__main__":  # python -m relax.fleet.elastic_api docs/elastic_openapi.json
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/elastic_openapi.json")
     out.write_text(json.dumps(openapi_document(), indent=2) + "\n")
     print(f"wrote {out}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.ops.elastic_ops import (
+from relax.fleet.elastic_ops import (
     Conflict,
     IdempotencyMismatch,
     InvalidTransition,
@@ -98,11 +98,11 @@ def test_book_forgets_oldest_finished():
 
 
 def test_committed_openapi_is_current():
-    """docs/elastic_openapi.json is what the API serves (regenerate: python -m relax.ops.elastic_api)."""
+    """docs/elastic_openapi.json is what the API serves (regenerate: python -m relax.fleet.elastic_api)."""
     import json
     from pathlib import Path
 
-    from relax.ops.elastic_api import openapi_document
+    from relax.fleet.elastic_api import openapi_document
 
     committed = json.loads((Path(__file__).parents[2] / "docs" / "elastic_openapi.json").read_text())
     assert committed == json.loads(json.dumps(openapi_document()))

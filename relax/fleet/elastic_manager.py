@@ -1,4 +1,4 @@
-"""The elastic rollout manager: runs scale operations (`relax.ops.elastic_ops`) against the router and
+"""The elastic rollout manager: runs scale operations (`relax.fleet.elastic_ops`) against the router and
 the weight-sync group, on the Rollout role's event loop.
 
 Engines join and leave the weight-sync group only at a weight push, where the trainer is idle and its
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from relax.engine_api.client import EngineClient
-from relax.ops.elastic_ops import BadRequest, Conflict, Operation, OperationBook, OpState
+from relax.fleet.elastic_ops import BadRequest, Conflict, Operation, OperationBook, OpState
 from relax.rollout.router import Router
 from relax.weights.publisher import WeightPublisher
 
