@@ -81,7 +81,7 @@ def run_one(setting: dict) -> dict:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if s["lora"]:
         from relax.backends.training.lora import wrap_lora
-        from relax.config.schema import LoraConfig
+        from relax.config import LoraConfig
 
         model = wrap_lora(model, LoraConfig(rank=s["lora"], alpha=2.0 * s["lora"]))
     torch.manual_seed(s["seed"])

@@ -196,7 +196,7 @@ def main() -> None:
     from relax.algorithms.pipeline import make_policy_loss
     from relax.backends.training.fsdp import FSDPWorker
     from relax.backends.training.update import merge_partials
-    from relax.config.schema import TrainerConfig
+    from relax.config import TrainerConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="relax-bench-"))
     n_params = write_model(args.preset, args.dtype, tmp)

@@ -134,7 +134,7 @@ def main() -> None:
     from relax.backends.inference.embedded.engine import EmbeddedEngine
     from relax.backends.training.fsdp import FSDPWorker
     from relax.backends.training.update import gather_rows, merge_partials
-    from relax.config.schema import TrainerConfig
+    from relax.config import TrainerConfig
     from relax.data.batch import TrainBatch
     from relax.data.config import MediaConfig
     from relax.data.multimodal import MultimodalProcessor

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from relax.config.schema import RelaxConfig
+from relax.config.relax_config import RelaxConfig
 from relax.utils.redact import redact_tree
 
 

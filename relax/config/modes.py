@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relax.config.schema import RelaxConfig
+    from relax.config.relax_config import RelaxConfig
 
 MODES = ("colocate", "hybrid", "fully_async")
 # Modes whose roles other than the Actor stream in the background from `start(step)`.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from relax.utils.hub import looks_like_hub_id, resolve_model
 
 if TYPE_CHECKING:
-    from relax.config.schema import RelaxConfig
+    from relax.config.relax_config import RelaxConfig
 
 
 @dataclass(frozen=True)

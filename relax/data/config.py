@@ -1,5 +1,5 @@
 """The `data` section of the config (prompt files, row keys, media processing), owned by the data layer
-that reads it; `relax.config.schema` nests it under `RelaxConfig`.
+that reads it; `relax.config.relax_config` nests it under `RelaxConfig`.
 """
 
 from __future__ import annotations

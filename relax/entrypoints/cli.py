@@ -71,8 +71,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     """Print the resolved config (defaults filled in) or every field with its description."""
     import yaml
 
-    from relax.config import ConfigError, load_config
-    from relax.config.schema import RelaxConfig
+    from relax.config import ConfigError, RelaxConfig, load_config
 
     if args.describe:
         for line in _describe(RelaxConfig):

@@ -102,7 +102,7 @@ def with_startup_report(cls: type, role: str) -> type:
         try:
             for arg in args:  # the role's config: its secrets are masked in this process's logs
                 if hasattr(arg, "run") and hasattr(arg, "model_dump"):
-                    from relax.config.schema import register_config_secrets
+                    from relax.config import register_config_secrets
                     from relax.utils.auth import set_process_token
 
                     register_config_secrets(arg)

@@ -21,10 +21,9 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from relax.config import RelaxConfig, dump_config
+from relax.config import RelaxConfig, dump_config, register_config_secrets
 from relax.config.modes import overlaps_push, resolve_auto
 from relax.config.paths import resolve_paths
-from relax.config.schema import register_config_secrets
 from relax.dataplane.plane import DataPlane, create_data_plane
 from relax.dataplane.tq_start import DataPlaneStartError
 from relax.ops.heartbeat import close_board

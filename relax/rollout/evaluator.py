@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from relax.config.schema import EvalSetConfig, RelaxConfig
+from relax.config import EvalSetConfig, RelaxConfig
 from relax.data.dataset import PromptRow
 from relax.data.overlong import load_checked
 from relax.rewards import build_scorer

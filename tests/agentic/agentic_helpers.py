@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from relax.config.schema import RelaxConfig
+from relax.config import RelaxConfig
 
 
 def run(coro):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relax.config.schema import OpsConfig
+from relax.config import OpsConfig
 from relax.ops.heartbeat import Heartbeat, close_board
 from relax.ops.notify import Notifier
 from relax.orchestration.health import GlobalRestart, HealthManager

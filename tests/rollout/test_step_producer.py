@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relax.config.schema import RelaxConfig
+from relax.config import RelaxConfig
 from relax.data.sample import Sample
 from relax.rewards.scorer import RewardStats
 from relax.rollout.step_producer import StepProducer

@@ -18,7 +18,7 @@ import torch
 from relax.backends.training.base import LossFn
 from relax.backends.training.loading import DTYPES, load_model, resolve_device
 from relax.backends.training.update import OLD_VALUES_KEY, Trainable, read_trainer_state
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.data.batch import TrainBatch
 
 logger = logging.getLogger(__name__)

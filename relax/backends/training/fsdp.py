@@ -44,7 +44,7 @@ from relax.backends.training.update import (
     read_trainer_state,
     write_trainer_state,
 )
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.data.batch import TrainBatch, pack_micro_batches
 
 logger = logging.getLogger(__name__)

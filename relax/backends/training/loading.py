@@ -10,7 +10,7 @@ import logging
 import torch
 from torch import nn
 
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.models.multimodal_model import load_causal_lm
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from relax.config.schema import LoraConfig
+from relax.config import LoraConfig
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from relax.backends.training.logprobs import CHUNK_TOKENS
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.models.multimodal_model import is_multimodal
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from relax.backends.training.base import LossFn, check_train_batch
 from relax.backends.training.critic_backend import with_old_values
 from relax.backends.training.fsdp import NOSET_CUDA_ENV, FSDPWorker
 from relax.backends.training.update import gather_rows, merge_partials, mini_batch_indices
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.data.batch import Ragged, TrainBatch
 from relax.utils.cpu_affinity import with_cpu_affinity
 from relax.utils.gc_freeze import with_frozen_startup

@@ -17,7 +17,7 @@ from relax.backends.training.base import LossFn, check_train_batch
 from relax.backends.training.forward import forward_rows
 from relax.backends.training.loading import DTYPES, load_model, resolve_device
 from relax.backends.training.update import Trainable, read_trainer_state, write_trainer_state
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.data.batch import TrainBatch
 
 logger = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from relax.backends.training import forward as fw
 from relax.backends.training.base import LossFn, RatioCheck, has_behaviour
 from relax.backends.training.loading import enable_activation_checkpointing
 from relax.backends.training.memory import CPU_TOKENS, MemoryPlan, pending_update_bytes, plan_memory
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.data.batch import Ragged, TrainBatch, pack_micro_batches, pad_ragged
 
 logger = logging.getLogger(__name__)

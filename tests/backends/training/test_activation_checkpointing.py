@@ -19,7 +19,7 @@ from relax.algorithms.pipeline import make_policy_loss
 from relax.backends.training.fsdp import FSDPWorker
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.backends.training.update import merge_partials
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 
 LOSS = make_policy_loss(AlgorithmConfig())
 

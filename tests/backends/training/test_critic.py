@@ -18,7 +18,7 @@ from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_value_loss
 from relax.backends.training.critic_backend import TorchCritic
 from relax.backends.training.rank_group import TrainerGroup
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.data.batch import pack_micro_batches
 
 VALUE_LOSS = make_value_loss(AlgorithmConfig(name="ppo"))

@@ -13,7 +13,7 @@ from relax.algorithms.pipeline import make_policy_loss
 from relax.backends.inference.embedded.server import EngineServer
 from relax.backends.training.rank_group import TrainerGroup, balance_by_tokens
 from relax.backends.training.torch_backend import TorchTrainer
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.engine_api.client import EngineClient
 
 LOSS = make_policy_loss(AlgorithmConfig())

@@ -14,8 +14,7 @@ from relax.backends.inference.embedded.server import EngineServer
 from relax.backends.training.export import export_checkpoint
 from relax.backends.training.rank_group import TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
-from relax.config import load_config
-from relax.config.schema import LoraConfig, TrainerConfig
+from relax.config import LoraConfig, TrainerConfig, load_config
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "up_proj"])
 

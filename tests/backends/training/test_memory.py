@@ -10,7 +10,7 @@ import torch
 from transformers import Qwen2Config
 
 from relax.backends.training import memory
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 
 GiB = 2**30
 # Qwen2.5-1.5B: hidden 1536, 28 layers, 12 heads of 128 (2 for keys/values), MLP 8960, vocab 151936

@@ -11,8 +11,7 @@ from test_torch_backend import make_batch
 
 from relax.backends.training.rank_group import TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
-from relax.config import load_config
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig, load_config
 from relax.roles.actor import pi_old_from_update
 
 

@@ -15,7 +15,7 @@ from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_policy_loss
 from relax.backends.training.fsdp import FSDPWorker
 from relax.backends.training.update import merge_partials
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 
 
 def _port() -> int:

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_policy_loss
 from relax.backends.training.torch_backend import TorchTrainer
-from relax.config.schema import TrainerConfig
+from relax.config import TrainerConfig
 from relax.data.batch import TrainBatch, pack_micro_batches
 
 
