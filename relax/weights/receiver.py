@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -30,73 +31,56 @@ from relax.utils.http_deadline import header_deadline_protocol
 from relax.utils.http_limits import limit_requests
 from relax.utils.tasks import in_daemon_thread
 from relax.weights import ipc as weight_ipc
-from relax.weights.sync_group import WeightSyncGroup, create_group, parse_dtype
+from relax.weights.inbox import WeightInbox
 
 logger = logging.getLogger(__name__)
 JOIN_TIMEOUT_S = 120.0  # a rendezvous not complete by then fails the join (an unreachable trainer)
 
 
 class ModelWeightReceiver:
-    """Loads broadcast buckets into `model`'s parameters and buffers by name."""
+    """Loads received buckets (`WeightInbox`) into `model`'s parameters and buffers by name."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.params = {**dict(model.named_buffers()), **dict(model.named_parameters())}
         self.device = next(model.parameters()).device
-        self.groups: dict[str, WeightSyncGroup] = {}
+        self.inbox = WeightInbox(self.device, JOIN_TIMEOUT_S)
         self.version: str | None = None
         self.loaded = 0  # tensors loaded since start (tests)
 
     def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
-        if req.group_name in self.groups:
-            self.groups.pop(req.group_name).destroy()
-        device = self.device if req.backend == "nccl" else None
-        self.groups[req.group_name] = create_group(
-            req.master_address,
-            req.master_port,
-            req.rank_offset,
-            req.world_size,
-            req.backend,
-            req.group_name,
-            timeout_s=JOIN_TIMEOUT_S,
-            device=device,
+        self.inbox.join(
+            req.master_address, req.master_port, req.rank_offset, req.world_size, req.group_name, req.backend
         )
 
     def update(self, req: UpdateWeightsFromDistributedRequest) -> None:
-        if req.group_name not in self.groups:
-            raise ValueError(
-                f"no weight-sync group named {req.group_name!r}; call /init_weights_update_group first"
-            )
-        group = self.groups[req.group_name]
-        specs = list(zip(req.names, req.dtypes, req.shapes, strict=True))
-        tensors = group.receive_flat(specs) if req.load_format == weight_ipc.FLAT else group.receive(specs)
-        self._load(tensors, req.weight_version)
+        tensors = self.inbox.receive(req.names, req.dtypes, req.shapes, req.group_name, req.load_format)
+        self.load(tensors.items(), req.weight_version)
 
     def update_ipc(self, req: UpdateWeightsFromIpcRequest) -> None:
         """A bucket from a CUDA buffer of the trainer rank on this GPU; copied before this returns."""
-        if self.device.type != "cuda":
-            raise ValueError("weights by CUDA IPC need a model on a GPU; use the broadcast group")
-        buf = weight_ipc.open_shared(req.handle)
-        specs = [(n, parse_dtype(d), s) for n, d, s in zip(req.names, req.dtypes, req.shapes, strict=True)]
-        self._load(weight_ipc.unpack(buf, specs), req.weight_version)
-        torch.cuda.synchronize(self.device)
+        self.inbox.receive_ipc(
+            req.names, req.dtypes, req.shapes, req.handle, lambda t: self.load(t.items(), req.weight_version)
+        )
 
-    def _load(self, tensors: dict[str, torch.Tensor], weight_version: str | None) -> None:
-        unknown = [n for n in tensors if n not in self.params]
-        if unknown:
-            logger.warning("weight receiver: %d unknown names ignored (e.g. %s)", len(unknown), unknown[0])
+    def load(self, named: Iterable[tuple[str, torch.Tensor]], weight_version: str | None) -> None:
+        """Copy tensors into the model by name (unknown names are logged and skipped); `weight_version`
+        (None for a bucket before the last) becomes the version the model holds."""
+        unknown = []
         with torch.no_grad():
-            for name, t in tensors.items():
+            for name, t in named:
                 if name in self.params:
                     self.params[name].copy_(t)
                     self.loaded += 1
+                else:
+                    unknown.append(name)
+        if unknown:
+            logger.warning("weight receiver: %d unknown names ignored (e.g. %s)", len(unknown), unknown[0])
         if weight_version is not None:
             self.version = weight_version
 
     def destroy(self, req: DestroyWeightsUpdateGroupRequest) -> None:
-        if req.group_name not in self.groups:
-            raise ValueError(f"no weight-sync group named {req.group_name!r}")
-        self.groups.pop(req.group_name).destroy()
+        self.inbox.leave(req.group_name)
 
 
 def build_receiver_app(receiver: ModelWeightReceiver) -> FastAPI:

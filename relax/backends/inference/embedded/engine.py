@@ -39,7 +39,7 @@ from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.scheduler import Scheduler
 from relax.backends.inference.embedded.sequence import GenerationResult, OnToken, RequestGroup
 from relax.engine_api.protocol import SamplingParams
-from relax.weights.ipc import FLAT
+from relax.weights.inbox import WeightInbox
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class EmbeddedEngine:
         self.burst_gap_s, self.burst_max_s = 0.001, 0.02  # see `_gather_burst`; 0 turns it off
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._totals = {"generated": 0, "prompt": 0, "requests": 0}
-        self._groups: dict[str, Any] = {}  # weight-sync groups by name
+        self.inbox = WeightInbox(self.runner.device, weight_join_timeout_s)  # weight-sync groups
         self._held: list[tuple[str, Tensor]] = []  # buckets of a push in progress, received while generating
         self.grammars = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.runner.eos_token_ids)
 
@@ -168,9 +168,7 @@ class EmbeddedEngine:
         self._wake.set()
         self._thread.join(timeout=30)
         self._thread = None
-        for group in self._groups.values():
-            group.destroy()
-        self._groups.clear()
+        self.inbox.close()
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -460,27 +458,11 @@ class EmbeddedEngine:
         backend: str,
     ) -> None:
         """Join the trainer's weight-sync group as rank `rank_offset`; blocks until every rank has joined."""
-        from relax.weights.sync_group import create_group
-
-        if group_name in self._groups:
-            self._groups.pop(group_name).destroy()
         self._held = []  # a push the old group left unfinished
-        device = self.runner.device if backend == "nccl" else None
-        self._groups[group_name] = create_group(
-            master_address,
-            master_port,
-            rank_offset,
-            world_size,
-            backend,
-            group_name,
-            timeout_s=self.weight_join_timeout_s,
-            device=device,
-        )
+        self.inbox.join(master_address, master_port, rank_offset, world_size, group_name, backend)
 
     def destroy_weights_update_group(self, group_name: str) -> None:
-        if group_name not in self._groups:
-            raise ValueError(f"no weight-sync group named {group_name!r}")
-        self._groups.pop(group_name).destroy()
+        self.inbox.leave(group_name)
 
     def update_weights_from_distributed(
         self,
@@ -494,13 +476,7 @@ class EmbeddedEngine:
     ) -> int:
         """Receive the tensors from rank 0 of `group_name` (in this thread), then load them.
         `load_format="flattened_bucket"`: one broadcast of the packed bucket instead of one per tensor."""
-        if group_name not in self._groups:
-            raise ValueError(
-                f"no weight-sync group named {group_name!r}; call /init_weights_update_group first"
-            )
-        group = self._groups[group_name]
-        specs = list(zip(names, dtypes, shapes, strict=True))
-        tensors = group.receive_flat(specs) if load_format == FLAT else group.receive(specs)
+        tensors = self.inbox.receive(names, dtypes, shapes, group_name, load_format)
         return self.update_weights(tensors.items(), weight_version, refresh=flush_cache)
 
     def update_weights_from_ipc(
@@ -514,19 +490,13 @@ class EmbeddedEngine:
     ) -> int:
         """Load a bucket from a CUDA buffer of a process on this GPU; the copy is complete on return, so
         the sender may free the buffer."""
-        from relax.weights.ipc import open_shared, unpack
-        from relax.weights.sync_group import parse_dtype
 
-        if self.runner.device.type != "cuda":
-            raise ValueError("weights by CUDA IPC need an engine on a GPU; use the broadcast group")
-        buf = open_shared(handle)
-        specs = [(n, parse_dtype(d), s) for n, d, s in zip(names, dtypes, shapes, strict=True)]
-        tensors = unpack(buf, specs)
-        if not flush_cache and not self.paused:  # held past this call: off the sender's buffer
-            tensors = {k: v.clone() for k, v in tensors.items()}
-        n = self.update_weights(tensors.items(), weight_version, refresh=flush_cache)
-        torch.cuda.synchronize(self.runner.device)
-        return n
+        def load(tensors: dict[str, Tensor]) -> int:
+            if not flush_cache and not self.paused:  # held past this call: off the sender's buffer
+                tensors = {k: v.clone() for k, v in tensors.items()}
+            return self.update_weights(tensors.items(), weight_version, refresh=flush_cache)
+
+        return self.inbox.receive_ipc(names, dtypes, shapes, handle, load)
 
     # -- introspection --------------------------------------------------------------------------
     def metrics(self) -> EngineMetrics:
