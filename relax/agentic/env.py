@@ -38,9 +38,6 @@ class Message:
     content: str
     images: list[Any] = field(default_factory=list)  # PIL images / paths / base64 (VLMs)
 
-    def as_chat(self) -> dict[str, Any]:
-        return {"role": self.role, "content": self.content}
-
 
 @dataclass
 class ModelTurn:

@@ -62,8 +62,3 @@ def reward_kl_shaping(log_probs: Tensor, ref_log_probs: Tensor, mask: Tensor, co
     flows through it (inputs are detached).
     """
     return -coef * kl_k1(log_probs.detach(), ref_log_probs.detach()) * mask
-
-
-def entropy_bonus(entropy: Tensor, coef: float) -> Tensor:
-    r"""Per-token entropy term to ADD to the loss: :math:`-c\,H(\pi(\cdot|s_t))` (maximises entropy)."""
-    return -coef * entropy

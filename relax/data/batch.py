@@ -6,8 +6,6 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from relax.data.sample import Sample
-
 
 @dataclass
 class TrainBatch:
@@ -28,21 +26,6 @@ class TrainBatch:
     # [N] media tensors per sample (Sample.multimodal_inputs); None when every sample is text-only
     multimodal_inputs: list[dict[str, torch.Tensor] | None] | None = None
     extras: dict[str, list] = field(default_factory=dict)
-
-    @classmethod
-    def from_samples(cls, samples: list[Sample]) -> TrainBatch:
-        return cls(
-            prompt_ids=[s.prompt_ids for s in samples],
-            response_ids=[s.response_ids for s in samples],
-            loss_mask=[[float(m) for m in (s.loss_mask or [1] * s.response_length)] for s in samples],
-            rollout_log_probs=[list(s.rollout_log_probs) for s in samples],
-            rewards=[float(s.reward if s.reward is not None else 0.0) for s in samples],
-            group_index=[s.group_id for s in samples],
-            weight_versions=[s.weight_version for s in samples],
-            multimodal_inputs=(
-                [s.multimodal_inputs for s in samples] if any(s.multimodal_inputs for s in samples) else None
-            ),
-        )
 
     def media_rows(self, idx: list[int]) -> list[dict[str, torch.Tensor] | None] | None:
         """The media tensors of rows `idx`, or None when none of them has any."""

@@ -17,7 +17,6 @@ ROLLOUT_COLUMNS = [  # Rollout: one row per sample
 ]
 LOG_PROBS = "log_probs"  # ActorFwd: [R] old-policy log-probs
 REF_LOG_PROBS = "ref_log_probs"  # Reference: [R]
-VALUES = "values"  # Critic: [R]
 ADVANTAGES = "advantages"  # Advantages: [R]
 # Advantages: the step's `advantages/*` metrics on the first row it wrote, {} on the others; they reach
 # the Actor's metrics with the rows instead of by one more Serve call a step from the driver

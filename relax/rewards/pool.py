@@ -50,9 +50,6 @@ class RewardWorker:
         stats = await self.scorer.score(samples)
         return [(s.reward, s.reward_info) for s in samples], stats
 
-    def ping(self) -> bool:
-        return True
-
 
 def split_by_group(samples: list[Sample], n: int) -> list[list[int]]:
     """Indices of ``samples`` in at most ``n`` chunks: whole ``group_id`` groups, largest first onto the

@@ -85,11 +85,6 @@ class MicroBatcher(Generic[T, R]):
                 future.set_result(results[start : start + len(request)])
             start += len(request)
 
-    @property
-    def in_flight(self) -> int:
-        """Batches sent and not yet answered."""
-        return len(self._tasks)
-
     def stats(self) -> dict[str, Any]:
         """Recent batch sizes (for logs and tests)."""
         return {"batches": len(self.batch_sizes), "recent_sizes": list(self.batch_sizes)}

@@ -47,10 +47,6 @@ def wrap_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     return wrapped
 
 
-def is_lora(model: nn.Module) -> bool:
-    return any("lora_A" in n for n, _ in model.named_parameters())
-
-
 def hf_name(peft_name: str) -> str:
     """`base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight` -> `model.layers.0...q_proj.weight`."""
     return peft_name.removeprefix(PEFT_PREFIX).replace(".base_layer", "")
@@ -98,7 +94,3 @@ def export_lora(model: nn.Module, out: Path, *, merge: bool) -> None:
     else:
         model.save_pretrained(out)
     logger.info("exported %s LoRA model to %s", "merged" if merge else "adapter-only", out)
-
-
-def tensor_bytes(named: list[tuple[str, Tensor]]) -> int:
-    return sum(t.numel() * t.element_size() for _, t in named)
