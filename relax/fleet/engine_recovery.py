@@ -1,7 +1,7 @@
-"""Replacing failed inference engines inside the Rollout role (embedded engines started by Relax).
+"""Replacing failed inference engines inside the Rollout role (the engines Relax started: embedded, SGLang).
 
-`EngineSupervisor` watches the engine actors of an `EngineGroup` from a daemon thread, every heartbeat
-interval: it posts an `engine/<i>` heartbeat for each engine that answers (its pid, so operators and
+`EngineSupervisor` watches the engine actors of an engine group (an `EngineSet` of
+`relax.backends.inference.registry`) from a daemon thread, every heartbeat interval: it posts an `engine/<i>` heartbeat for each engine that answers (its pid, so operators and
 tests can find it), and an engine whose actor is gone is replaced at once, whatever the run is doing.
 Before each weight push `replace_dead()` also replaces engines that are alive but fail the router's
 health probe. A failed engine is killed and a fresh one started in its slot; the old URL leaves the
@@ -44,13 +44,9 @@ def _pid(actor_self: Any) -> int:
 
 
 class EngineSupervisor:
-    def __init__(
-        self, group: Any, router: Any, model_path: str, engine_kwargs: dict, interval_s: float
-    ) -> None:
-        self.group = group  # EngineGroup: .actors and .urls, replaced in place
+    def __init__(self, group: Any, router: Any, interval_s: float) -> None:
+        self.group = group  # an EngineSet of the registry: .actors and .urls, replaced in place; .launch(i)
         self.router = router
-        self.model_path = model_path
-        self.engine_kwargs = engine_kwargs
         self.interval_s = interval_s
         self.pending: list[str] = []  # replacement URLs waiting for weights before they take traffic
         self.restarts = 0

@@ -1,10 +1,12 @@
-"""The Rollout role's inference engines as one fleet: the embedded engines Relax starts (Ray actors) or
-the external ones it is given, the router that balances requests over them, the supervisor that
-replaces failed embedded engines, and the elastic manager with its REST API (docs/elastic_api.md).
+"""The Rollout role's inference engines as one fleet: the engines of `rollout.engine`'s backend (started
+by Relax as Ray actors, or external ones it is given: `relax.backends.inference.registry`), the router
+that balances requests over them, the supervisor that replaces failed engines Relax started, and the
+elastic manager with its REST API (docs/elastic_api.md).
 
 The Rollout role holds one `EngineFleet` and asks it, around each weight push, which engines the
-weight-sync group should have (`plan`, `replace_dead`) and tells it how the push went (`group_formed`,
-`join_failed`, `pushed`, `admit`); `relax.orchestration.weight_push` runs that sequence.
+weight-sync group should have (`plan`, `replace_dead`) and tells it how the push went (`admit`; the
+elastic manager's `group_formed`, `join_failed`, `pushed`); `relax.orchestration.weight_push` runs that
+sequence.
 """
 
 from __future__ import annotations
@@ -13,54 +15,30 @@ import asyncio
 import logging
 from typing import Any
 
+from relax.backends.inference.registry import engine_backend
 from relax.config import RelaxConfig
 from relax.fleet.engine_recovery import START_TIMEOUT_S, EngineSupervisor
 from relax.rollout.router import Router
 from relax.utils.net import bind_address
-from relax.utils.placement import ray_placement
 
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_WAIT_S = START_TIMEOUT_S + 120.0  # a replacement's start, then the push that gives it weights
 
 
-def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
-    """What every embedded engine of the run is started with (besides its model folder)."""
-    return {
-        "dtype": cfg.model.dtype,
-        "max_running": cfg.rollout.engine_max_running,
-        "threads": cfg.rollout.engine_threads,
-        "enable_prefix_cache": cfg.rollout.engine_prefix_cache,
-        "chunked_prefill_size": cfg.rollout.engine_chunked_prefill_size,
-        "seed": cfg.run.seed,
-    }
-
-
 class EngineFleet:
     def __init__(self, cfg: RelaxConfig) -> None:
         self.cfg = cfg
-        self.group = None  # EngineGroup of the embedded engines (None for external ones)
-        urls = list(cfg.rollout.engine_urls)
-        if cfg.rollout.engine == "embedded":
-            from relax.backends.inference.engine_actors import EngineGroup
-
-            self.group = EngineGroup(
-                cfg.model.path,
-                cfg.rollout.num_engines,
-                engine_kwargs(cfg),
-                num_gpus=cfg.resources.engine_gpus or 0.0,
-                gpu_group=cfg.resources.gpu_group,
-                cpus=cfg.resources.rollout_cpus,
-                bind=cfg.resources.bind,
-                placement=ray_placement(cfg, "engines"),
-            )
-            urls = self.group.urls
-        self.router = Router(urls, timeout_s=cfg.rollout.request_timeout_s)
-        self.supervisor = None  # replaces failed embedded engines before a push (relax.fleet.engine_recovery)
+        # what kind of engines, and how they come to be, is the registry's (an unknown name raises there)
+        self.backend = engine_backend(cfg.rollout.engine)
+        if problem := self.backend.missing_package():
+            raise RuntimeError(problem)
+        engines = self.backend.start(cfg)
+        self.group = engines if self.backend.in_cluster else None  # the engines Relax started and stops
+        self.router = Router(engines.urls, timeout_s=cfg.rollout.request_timeout_s)
+        self.supervisor = None  # replaces failed engines Relax started, before a push (engine_recovery.py)
         if self.group is not None:
-            self.supervisor = EngineSupervisor(
-                self.group, self.router, cfg.model.path, engine_kwargs(cfg), cfg.ops.heartbeat_interval_s
-            )
+            self.supervisor = EngineSupervisor(self.group, self.router, cfg.ops.heartbeat_interval_s)
             # a request whose only engine died waits for the replacement (a start and a weight push)
             self.router.replacement_wait_s = REPLACEMENT_WAIT_S
         self.elastic: Any = None  # ElasticManager, once `start_elastic` ran
@@ -82,23 +60,12 @@ class EngineFleet:
         except RuntimeError:
             logger.info("elastic API not started: the rollout runs outside an event loop")
             return None
-        provider = None
-        try:
+        provider = None  # `ray_native` scale-out, where the backend can start one more engine
+        if self.backend.provider is not None:
             import ray
 
             if ray.is_initialized():
-                from relax.backends.inference.engine_actors import RayEngineProvider
-
-                provider = RayEngineProvider(
-                    self.cfg.model.path,
-                    engine_kwargs(self.cfg),
-                    num_gpus=self.cfg.resources.engine_gpus or 0.0,
-                    cpus=self.cfg.resources.rollout_cpus,
-                    bind=self.cfg.resources.bind,
-                    placement=ray_placement(self.cfg, "engines"),
-                )
-        except ImportError:
-            pass
+                provider = self.backend.provider(self.cfg)
         e = self.cfg.rollout.elastic
         self.elastic = ElasticManager(
             self.router,

@@ -7,6 +7,9 @@ Auto rules, with G the cluster's GPUs, E = `rollout.num_engines` and R = `traine
 * colocate: rollout and training take turns on the same GPUs, so each GPU holds one training rank and
   one engine: trainer_gpus = engine_gpus = 0.5. NCCL refuses two ranks of one communicator on one GPU,
   so weight sync goes through host memory (gloo) unless the config asks for NCCL explicitly.
+* The engines' share and whether they count against the cluster's GPUs (external engines do not) is
+  their backend's rule (`relax.backends.inference.registry`: `EngineBackend.engine_gpus`, `in_cluster`);
+  so are the trainer's weight-format defaults (packed buckets, CUDA IPC) that the engines accept.
 * hybrid, fully_async: the GPUs are split; the trainer's ranks take one GPU each and the engines one
   each (E + R <= G); in fully_async the ActorFwd and Reference roles take a quarter of a GPU each,
   beside the trainer's ranks (trainer_gpus 0.5 then, so the forward roles fit on the last rank's GPU).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from relax.backends.inference.registry import engine_backend
 from relax.config import RelaxConfig
 
 logger = logging.getLogger(__name__)
@@ -36,12 +40,13 @@ def cluster_gpus() -> int:
 def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
     """Fill the auto (None) GPU shares of `cfg.resources` for a cluster with `gpus` GPUs; returns `cfg`."""
     r, t = cfg.resources, cfg.trainer
+    backend = engine_backend(cfg.rollout.engine)
     wants_gpu = gpus > 0 and t.device != "cpu"
     if not wants_gpu:
         engine, trainer, fwd = 0.0, 0.0, 0.0
     elif cfg.schedule.mode == "colocate":
         # one training rank per GPU beside its engine (NCCL refuses two ranks of a group on one GPU)
-        engine, trainer, fwd = 0.5, 0.5, 0.0
+        engine, trainer, fwd = backend.engine_gpus("colocate", gpus), 0.5, 0.0
         if t.num_ranks > gpus and t.uses_group:
             if t.device == "cuda":
                 raise ValueError(
@@ -58,9 +63,9 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
             )
     else:
         fwd = 0.25 if cfg.schedule.mode == "fully_async" else 0.0
-        engine, trainer = 1.0, (0.5 if fwd else 1.0)
+        engine, trainer = backend.engine_gpus(cfg.schedule.mode, gpus), (0.5 if fwd else 1.0)
         need = cfg.rollout.num_engines * engine + t.num_ranks * trainer + (2 * fwd)
-        if cfg.rollout.engine == "embedded" and need > gpus:
+        if backend.in_cluster and need > gpus:
             raise ValueError(
                 f"schedule.mode={cfg.schedule.mode} splits the GPUs between {cfg.rollout.num_engines} engine(s) and "
                 f"{t.num_ranks} training rank(s) and needs {need:g} GPUs; the cluster has {gpus}. Lower "
@@ -73,14 +78,13 @@ def plan_gpus(cfg: RelaxConfig, gpus: int) -> RelaxConfig:
         r.trainer_gpus = trainer
     if r.fwd_gpus is None:
         r.fwd_gpus = fwd
-    embedded = cfg.rollout.engine == "embedded"
-    if t.weight_sync_flatten is None:
-        t.weight_sync_flatten = embedded
+    if t.weight_sync_flatten is None:  # packed buckets where the engines take them
+        t.weight_sync_flatten = backend.accepts("flat")
     if t.weight_sync_backend == "auto":
         # A GPU holding two members of one NCCL group (a rank and an engine in colocate; the trainer and
-        # ActorFwd in fully_async) rules NCCL out, unless those receivers take CUDA IPC instead: embedded
-        # engines and ActorFwd do; SGLang engines would need gloo.
-        ipc = t.weight_sync_ipc and embedded
+        # ActorFwd in fully_async) rules NCCL out, unless those receivers take CUDA IPC instead: ActorFwd
+        # does, and engines whose backend accepts `cuda_ipc` (embedded); others (SGLang) need gloo.
+        ipc = t.weight_sync_ipc and backend.accepts("cuda_ipc")
         colocated_engines = (
             cfg.schedule.mode == "colocate" and r.engine_gpus > 0 and r.trainer_gpus > 0 and not ipc
         )

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from relax.backends.inference.registry import UnknownEngineError, engine_backend
 from relax.config import RelaxConfig
 from relax.config.paths import ConfigPath, config_paths, path_problem
 
@@ -46,6 +47,9 @@ def missing_extras(cfg: RelaxConfig) -> list[str]:
         needs.append(("ops.notify_urls (Apprise)", "apprise", "pip install 'relax[metrics]'"))
     if cfg.ops.clearml is not None:
         needs.append(("ops.clearml", "clearml", "pip install clearml"))
+    engine = engine_backend(cfg.rollout.engine)  # the engine backend's own package (SGLang)
+    if engine.package is not None:
+        needs.append((f"rollout.engine = {engine.name}", engine.package, engine.install))
     return [
         f"{why} needs the package {module!r}, which is not installed: {how}"
         for why, module, how in needs
@@ -63,8 +67,13 @@ def check_extras(cfg: RelaxConfig) -> None:
 
 
 def check_local(cfg: RelaxConfig) -> None:
-    """The optional packages the config needs are installed, every path the config names is usable here
-    (the driver), and the data rows are well formed for the rewards that score them, before Ray starts."""
+    """`rollout.engine` names a known engine backend, the optional packages the config needs are
+    installed, every path the config names is usable here (the driver), and the data rows are well formed
+    for the rewards that score them, before Ray starts."""
+    try:
+        engine_backend(cfg.rollout.engine)
+    except UnknownEngineError as e:
+        raise PreflightError(str(e)) from None
     check_extras(cfg)
     problems = [f"{p.key} = {p.path}: {why}" for p in config_paths(cfg) if (why := path_problem(p))]
     if problems:

@@ -18,7 +18,7 @@ from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.prefix_cache import BLOCK
 from relax.config.loader import ConfigError, load_config
 from relax.entrypoints.engine_cmd import add_engine_parser
-from relax.fleet.fleet import engine_kwargs
+from relax.backends.inference.registry import engine_kwargs
 
 CHUNK = 32
 BASE = ["model.path=m", "data.train_files=[d]"]  # the least a run config holds

@@ -13,6 +13,10 @@ Weights reach SGLang exactly as they reach the embedded engine: `init_weights_up
 `push_weights`), or `update_weights_from_disk`. SGLang itself is an optional dependency, needed only
 on the machines that run the servers; everything up to the process launch works without it, and
 `launch_command=embedded_launch_command` runs `relax engine serve` in its place (tests do).
+
+A run reaches this module through its registry entry (`rollout.engine = sglang`,
+`relax.backends.inference.registry`): `start_sglang_engines(cfg)` starts `rollout.num_engines` servers as
+an `SGLangGroup`, which the fleet's supervisor replaces one by one like embedded engines.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from relax.backends.inference.engine_actors import EngineGroup
 from relax.backends.inference.launcher import ServerProcess, embedded_engine_command, server_url
+from relax.config import RelaxConfig
 from relax.engine_api.client import EngineClient
 from relax.utils.auth import API_KEY_ENV, engine_key, process_token, set_process_token
-from relax.utils.net import free_port, node_ip
+from relax.utils.net import bind_address, free_port, node_ip
+from relax.utils.placement import bundle_options, ray_placement
 
 logger = logging.getLogger(__name__)
 
@@ -166,3 +173,80 @@ async def attach_external(url: str, timeout_s: float = 30.0) -> dict[str, Any]:
         info = await client.model_info()
     logger.info("external engine %s serves %s", url, info.get("model_path"))
     return info
+
+
+def server_config(cfg: RelaxConfig) -> SGLangServerConfig:
+    """One engine's server config from the run's config: its model, dtype and seed; `tp_size` from
+    `resources.engine_gpus` (a whole number of GPUs per engine; a fraction shares one GPU)."""
+    gpus = cfg.resources.engine_gpus or 0.0
+    return SGLangServerConfig(
+        model_path=str(cfg.model.path),
+        dtype=cfg.model.dtype,
+        random_seed=cfg.run.seed,
+        tp_size=max(1, int(gpus)),
+    )
+
+
+class SGLangActor:
+    """Hosts one SGLang server in a Ray actor (the same face as `EngineActor`: `url()`, `stop()`), so
+    the fleet's supervisor pings and replaces it like an embedded engine."""
+
+    def __init__(
+        self, cfg: SGLangServerConfig, launch_command: LaunchCommand, bind: str, api_key: str | None
+    ):
+        # the node's own address, decided on the node the actor landed on
+        cfg = cfg.model_copy(update={"host": bind_address(bind)})
+        self.server = SGLangServer(cfg, launch_command, api_key)
+        self._url = self.server.start()
+
+    def url(self) -> str:
+        return self._url
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class SGLangGroup(EngineGroup):
+    """`n` SGLang servers, each in an `SGLangActor` with `num_gpus` GPUs (in the run's colocate GPU
+    group when there is one, else at `placement`); `launch(i)` starts a replacement in slot `i`."""
+
+    def __init__(
+        self,
+        server: SGLangServerConfig,
+        n: int,
+        launch_command: LaunchCommand = build_launch_command,
+        num_gpus: float = 0.0,
+        gpu_group: str | None = None,
+        bind: str = "auto",
+        placement: dict[str, Any] | None = None,
+    ) -> None:
+        self.server, self.launch_command = server, launch_command
+        super().__init__(
+            server.model_path, n, {}, num_gpus=num_gpus, gpu_group=gpu_group, bind=bind, placement=placement
+        )
+
+    def launch(self, i: int) -> Any:
+        import ray
+
+        bundle = bundle_options(self.gpu_group if self.num_gpus else None, i)
+        options = bundle or self.placement
+        actor_cls = ray.remote(SGLangActor)
+        return actor_cls.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus, **options).remote(
+            self.server, self.launch_command, self.bind, process_token()
+        )
+
+
+def start_sglang_engines(
+    cfg: RelaxConfig, launch_command: LaunchCommand = build_launch_command
+) -> SGLangGroup:
+    """The run's SGLang engines (`rollout.engine = sglang`), started in its Ray cluster."""
+    r = cfg.resources
+    return SGLangGroup(
+        server_config(cfg),
+        cfg.rollout.num_engines,
+        launch_command,
+        num_gpus=r.engine_gpus or 0.0,
+        gpu_group=r.gpu_group,
+        bind=r.bind,
+        placement=ray_placement(cfg, "engines"),
+    )

@@ -113,9 +113,11 @@ class RolloutConfig(Section):
     top_k: int = Field(-1, description="Top-k sampling (-1 = off; else at least 1).")
     min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p sampling threshold (0 = off).")
     stop: list[str] = Field(default_factory=list, description="Extra stop strings.")
-    engine: Literal["embedded", "external"] = Field(
+    engine: str = Field(
         "embedded",
-        description="`embedded`: Relax starts its own engines; `external`: attach to `engine_urls`.",
+        description="The engine backend (relax/backends/inference/registry.py; an unknown name stops the run "
+        "before Ray starts): `embedded`: Relax starts its own engines; `external`: attach to `engine_urls`; "
+        "`sglang`: Relax starts SGLang servers (pip install 'relax[sglang]').",
     )
     num_engines: int = Field(1, gt=0, description="Embedded engines to start.")
     engine_urls: list[str] = Field(default_factory=list, description="Engine base URLs (external mode).")
