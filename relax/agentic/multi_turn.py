@@ -30,6 +30,7 @@ from relax.agentic.turns import TurnFormatter, merge_media
 from relax.config import RelaxConfig
 from relax.data.dataset import PromptRow
 from relax.data.sample import Sample, SampleStatus
+from relax.engine_api.protocol import version_from_engine
 from relax.rollout.partial_rollout import InflightRequests
 
 logger = logging.getLogger(__name__)
@@ -146,7 +147,8 @@ class MultiTurnRollout:
             ids += list(out.output_ids)
             lps += list(out.output_log_probs)
             finish = out.finish_reason
-            for v in map(int, out.weight_versions or [out.weight_version]):  # several: updated in place
+            # several versions: updated in place while it ran
+            for v in map(version_from_engine, out.weight_versions or [out.weight_version]):
                 if not sample.weight_versions or sample.weight_versions[-1] != v:
                     sample.weight_versions.append(v)
             if finish == "abort" and self.inflight.router_closed():

@@ -27,6 +27,7 @@ from relax.engine_api.client import EngineRequestError
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OnTokens
 from relax.engine_api.openai.errors import OpenAIError
 from relax.engine_api.openai.messages import TemplateOptions, template_messages
+from relax.engine_api.protocol import version_from_engine
 
 __all__ = ["ChatSession", "template_messages"]
 
@@ -144,7 +145,7 @@ class ChatSession:
                 output_ids=list(choice.output_ids),
                 log_probs=list(choice.logprobs),
                 # the oldest weights of the call (a call updated in place spans two)
-                weight_version=int(choice.weight_version or 0),
+                weight_version=version_from_engine(choice.weight_version),
                 finish_reason=choice.finish_reason,
                 parent=None if state.parent is None else state.parent.index,
                 reply_message=reply,

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from relax.engine_api.protocol import version_to_engine
 from relax.utils.auth import engine_headers
 
 logger = logging.getLogger(__name__)
@@ -75,13 +76,13 @@ class GenerateOutput:
             output_ids=list(item.get("output_ids") or [lp[1] for lp in logprobs]),
             output_log_probs=[float(lp[0]) for lp in logprobs],
             finish_reason=finish.get("type", "stop") if isinstance(finish, dict) else str(finish),
-            weight_version=None if version is None else str(version),
+            weight_version=version_to_engine(version),
             text=item.get("text") or "",
             matched=finish.get("matched") if isinstance(finish, dict) else None,
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             rid=meta.get("id"),
             meta_info=meta,
-            weight_versions=[str(v) for v in meta.get("weight_versions") or []],
+            weight_versions=[version_to_engine(v) for v in meta.get("weight_versions") or []],
             weight_version_starts=[int(i) for i in meta.get("weight_version_starts") or []],
             output_top_logprobs=[
                 [(float(a[0]), int(a[1])) for a in pos or []] for pos in meta.get("output_top_logprobs") or []
@@ -274,7 +275,7 @@ class EngineClient:
     async def weight_version(self) -> str | None:
         """The version of the weights the engine holds now (`/get_weight_version`)."""
         version = (await self._request("GET", "/get_weight_version")).json().get("weight_version")
-        return None if version is None else str(version)
+        return version_to_engine(version)
 
     async def model_info(self) -> dict[str, Any]:
         return (await self._request("GET", "/get_model_info")).json()

@@ -379,6 +379,25 @@ class SlowDownRequest(Strict):
     forward_sleep_time: float | None = Field(None, ge=0.0, le=MAX_FORWARD_SLEEP_S, allow_inf_nan=False)
 
 
+def version_to_engine(version: int | str | None) -> str | None:
+    """A weight version as engines carry it: a string (SGLang's `weight_version`); the trainer counts
+    versions as ints (its training step). None stays None (a bucket before the last carries none)."""
+    return None if version is None else str(version)
+
+
+def version_from_engine(version: str | int | None, default: int = 0) -> int:
+    """The trainer's int for a version an engine reports (`default` when it reports none)."""
+    if version is None or version == "":
+        return default
+    try:
+        return int(version)
+    except ValueError:
+        raise ValueError(
+            f"weight version {version!r} is not a training step; an engine in a Relax run must be "
+            "started with a numeric weight version (the default, 0)"
+        ) from None
+
+
 class InitWeightsUpdateGroupRequest(Strict):
     """Body of `POST /init_weights_update_group`: join the trainer's weight-sync group as rank
     `rank_offset` (the trainer is rank 0)."""

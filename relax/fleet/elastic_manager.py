@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from relax.engine_api.client import EngineClient
+from relax.engine_api.protocol import version_to_engine
 from relax.fleet.elastic_ops import BadRequest, Conflict, Operation, OperationBook, OpState
 from relax.rollout.router import Router
-from relax.weights.publisher import WeightPublisher
+from relax.weights.sync_group import WEIGHT_GROUP
 
 logger = logging.getLogger(__name__)
 S = OpState
@@ -235,7 +236,7 @@ class ElasticManager:
         await self._notify()
 
     async def pushed(self, version: int | str) -> None:
-        self.version = str(version)
+        self.version = version_to_engine(version)
         for u in self.members:
             rec = self.records.get(u)
             if rec is not None and rec.pushed_version is None:
@@ -412,7 +413,7 @@ class ElasticManager:
             await self.provider.stop(rec.handle, graceful=graceful)
         elif client is not None:  # an external engine keeps running; it just leaves our group
             with contextlib.suppress(Exception):
-                await client.destroy_weights_update_group(WeightPublisher().group_name)
+                await client.destroy_weights_update_group(WEIGHT_GROUP)
         if client is not None:
             await client.close()
 

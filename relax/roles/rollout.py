@@ -25,6 +25,7 @@ from relax.data.overlong import DROPPED_METRIC, load_checked
 from relax.data.rows import samples_to_rows
 from relax.data.sample import Sample
 from relax.dataplane.plane import DataPlane, PlaneClient, RowWriter
+from relax.engine_api.protocol import version_to_engine
 from relax.fleet.fleet import EngineFleet
 from relax.rewards import build_scorer
 from relax.rollout.evaluator import Evaluator
@@ -213,7 +214,7 @@ class RolloutRole(PlaneClient):
         `end_weight_update`. `version`: the weight version the push delivered (None: it failed), which
         the elastic API reports as the current one."""
         if version is not None and self.fleet.elastic is not None:
-            self.fleet.elastic.version = str(version)
+            self.fleet.elastic.version = version_to_engine(version)
         admitted = self.admit_engines() if admit else []
         await self.end_weight_update(trained_step)
         return admitted

@@ -26,6 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax.engine_api.protocol import version_from_engine
 from relax.rollout.router import Router
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class Generated:
         self.log_probs += list(out.output_log_probs)
         self.finish_reason = out.finish_reason
         versions = getattr(out, "weight_versions", None) or [out.weight_version]
-        for v in map(int, versions):
+        for v in map(version_from_engine, versions):
             if not self.weight_versions or self.weight_versions[-1] != v:
                 self.weight_versions.append(v)
         starts = getattr(out, "weight_version_starts", None) or []

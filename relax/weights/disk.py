@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from relax.engine_api.client import EngineClient
+from relax.engine_api.protocol import version_to_engine
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,10 @@ class DiskPublisher:
         t0 = time.perf_counter()
         folder = await asyncio.to_thread(save_weights, named_tensors, self.root / f"v{version:06d}")
         await asyncio.gather(
-            *(c.update_weights_from_disk(str(folder), weight_version=str(version)) for c in self.clients)
+            *(
+                c.update_weights_from_disk(str(folder), weight_version=version_to_engine(version))
+                for c in self.clients
+            )
         )
         for old in sorted(self.root.glob("v[0-9]*"))[:-KEEP_VERSIONS]:
             shutil.rmtree(old, ignore_errors=True)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from relax.engine_api.client import EngineClient
+from relax.engine_api.protocol import version_to_engine
 from relax.utils.net import free_port, node_ip
 from relax.weights import ipc as weight_ipc
 from relax.weights import sync_group as weight_sync
@@ -84,7 +85,7 @@ class WeightPublisher:
     def __init__(
         self,
         bucket_bytes: int = 256 << 20,
-        group_name: str = "relax_weights",
+        group_name: str = weight_sync.WEIGHT_GROUP,
         backend: str = "auto",
         flatten: bool = True,
         ipc: bool = True,
@@ -157,7 +158,7 @@ class WeightPublisher:
         names = [n for n, _ in bucket]
         dtypes = [weight_sync.dtype_name(t.dtype) for _, t in bucket]
         shapes = [list(t.shape) for _, t in bucket]
-        tag = {"weight_version": str(version) if last else None, "flush_cache": last}
+        tag = {"weight_version": version_to_engine(version) if last else None, "flush_cache": last}
         tasks = []
         shared = None
         if self.ipc_clients:

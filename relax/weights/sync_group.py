@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 TensorSpec = tuple[str, torch.dtype | str, Sequence[int]]  # (name, dtype, shape)
 BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}
+WEIGHT_GROUP = "relax_weights"  # the name of the trainer's group (receivers leave it by name)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -34,6 +34,7 @@ from transformers import AutoTokenizer
 from relax.backends.inference.embedded.cuda_graphs import DecodeGraphs
 from relax.backends.inference.embedded.kv_cache import SlotKVCache
 from relax.backends.inference.embedded.lean_decoder import LeanDecoder
+from relax.engine_api.protocol import version_to_engine
 from relax.models import multimodal_model as mmm
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class ModelRunner:
         self.dtype = next(self.model.parameters()).dtype
         self.config = self.model.config
         self.tokenizer = load_tokenizer(self.model_path)
-        self.weight_version = str(weight_version)
+        self.weight_version = version_to_engine(weight_version)
         self.decoder = self.model.get_decoder()  # the transformer body; the engine applies lm_head itself
         self.lm_head = self.model.get_output_embeddings()
         self.lean = LeanDecoder(self.model) if use_lean and LeanDecoder.supports(self.model) else None
@@ -329,5 +330,5 @@ class ModelRunner:
         if self.lean is not None and refresh:
             self.lean.refresh()
         if weight_version is not None:
-            self.weight_version = str(weight_version)
+            self.weight_version = version_to_engine(weight_version)
         return len(items)
