@@ -67,6 +67,7 @@ def _demand(what: str, keys: tuple[str, ...], cpus: float, gpus: float, placemen
 def run_demand(cfg: RelaxConfig, specs: list[Any], cluster_gpus: int = 0) -> list[Demand]:
     """Every actor the run starts before its first step (`specs`: the roles' `RoleSpec`s), with the
     GPU shares already planned (`gpus.plan_gpus`) for a cluster of `cluster_gpus` GPUs."""
+    from relax.backends.inference.registry import engine_backend
     from relax.orchestration.gpus import role_gpus
     from relax.utils.placement import ray_placement
 
@@ -88,10 +89,10 @@ def run_demand(cfg: RelaxConfig, specs: list[Any], cluster_gpus: int = 0) -> lis
             Demand(f"colocate GPU group bundle {i}", ("resources.num_gpus",), bundle)
             for i in range(cluster_gpus)
         ]
-    if ro.engine == "embedded" and not (gpu_group and r.engine_gpus):
+    if engine_backend(ro.engine).in_cluster and not (gpu_group and r.engine_gpus):
         keys = ("rollout.num_engines", "resources.engine_gpus", "resources.placement.engines")
         out += [
-            _demand(f"embedded engine {i}", keys, 1.0, r.engine_gpus or 0.0, ray_placement(cfg, "engines"))
+            _demand(f"{ro.engine} engine {i}", keys, 1.0, r.engine_gpus or 0.0, ray_placement(cfg, "engines"))
             for i in range(ro.num_engines)
         ]
     if t.uses_group and not (gpu_group and r.trainer_gpus):
