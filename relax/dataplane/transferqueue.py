@@ -262,7 +262,7 @@ class TransferQueueDataPlane:
         if extra:
             raise ValueError(
                 f"data plane: row columns {extra} are not Rollout columns; add them to "
-                "relax.dataplane.plane.ROLLOUT_COLUMNS, or write them with put_columns"
+                "relax.data.columns.ROLLOUT_COLUMNS, or write them with put_columns"
             )
 
         if not rows:

@@ -13,8 +13,8 @@ update can wait for in-flight generation to end (default), or, with partial roll
   (`weight_version_starts`).
 
 A sample keeps the tokens and behaviour log-probs it had (they came from the old weights), gets the rest
-from the new weights, and records every version in `weight_versions`. With `mask_offpolicy` the tokens
-generated before the last update get loss mask 0.
+from the new weights, and records every version in `weight_versions`. With `rollout.mask_offpolicy_tokens`
+the tokens generated before the last abort or in-place update get loss mask 0.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""Version and staleness in one place: how far rollout may run ahead of training, and how stale a
 sample is.
 
-The rule (DESIGN §2). Rollout step k (0-based: the k-th batch generated, consumed by training step
+The rule (docs/modes.md). Rollout step k (0-based: the k-th batch generated, consumed by training step
 k + 1) may start only while
 
 .. math:: k + 1 - o \le \text{max\_staleness}
