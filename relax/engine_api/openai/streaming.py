@@ -1,9 +1,13 @@
 """Token-by-token streaming of chat and legacy completions: each choice's text is released as the engine
 samples it (`IncrementalText`: never a partial character or the start of a stop string). When tool calls
 are parsed, text from the first `<tool_call>` on is held back and the calls are sent, whole, once the
-choice ends (with content then `null`-safe: a choice that only calls tools streams no content). With a
-reasoning parser, a chat choice's deltas carry `reasoning_content` while the model is inside its
-`<think>` block and `content` after it (`reasoning.ReasoningSplitter`)."""
+choice ends (with content then `null`-safe: a choice that only calls tools streams no content). Parsed
+content is stripped, so its leading and trailing whitespace is held back as well: the deltas add up to
+exactly the message a non-streamed request gets. (They once did not: a reply streamed as " ab" whose
+message was "ab" plus an incomplete character lost that character, and an agent that sent the streamed
+reply back no longer matched its history.) With a reasoning parser, a chat choice's deltas carry
+`reasoning_content` while the model is inside its `<think>` block and `content` after it
+(`reasoning.ReasoningSplitter`)."""
 
 from __future__ import annotations
 
@@ -79,10 +83,12 @@ class ChoiceStream:
         if self.in_calls:
             return ""
         self.pending += delta
+        if not self.sent:  # the parsed content is stripped: leading whitespace is never content
+            self.pending = self.pending.lstrip()
         at = self.pending.find(TOOL_CALL_OPEN)
         if at >= 0:
             self.in_calls = True
-            out, self.pending = self.pending[:at], ""
+            out, self.pending = self.pending[:at].rstrip(), ""
         else:  # keep a tail that may still grow into "<tool_call>"
             keep = next(
                 (
@@ -92,6 +98,8 @@ class ChoiceStream:
                 ),
                 0,
             )
+            body = self.pending[: len(self.pending) - keep]
+            keep += len(body) - len(body.rstrip())  # trailing whitespace waits: it is stripped at the end
             out, self.pending = (
                 self.pending[: len(self.pending) - keep],
                 self.pending[len(self.pending) - keep :],
