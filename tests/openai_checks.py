@@ -1,5 +1,5 @@
 """Checks of an OpenAI-compatible server made with the official `openai` client, the way users call it.
-The same checks run against an embedded engine's `/v1` (tests/backends/test_openai_engine.py) and
+The same checks run against an embedded engine's `/v1` (tests/engine_api/test_openai_engine.py) and
 against the agent endpoint from inside a training run (tests/agentic/agents/openai_agent.py), so both
 serve the same API. Each check raises AssertionError naming what differs; `run_all` returns their names.
 

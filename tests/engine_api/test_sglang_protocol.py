@@ -9,9 +9,9 @@ import json
 
 import httpx
 import pytest
-from engine_helpers import trainer_logprobs
 
 from relax.engine_api.protocol import UNSUPPORTED_GENERATE, UNSUPPORTED_SAMPLING
+from tests.engine_helpers import trainer_logprobs
 
 
 def post(url: str, body, path: str = "/generate") -> httpx.Response:
