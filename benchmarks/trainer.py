@@ -245,7 +245,7 @@ def main() -> None:
             sync()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
     tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
-    publish = worker.publish(worker.step, "full", args.dtype)  # gather + cast (no engines attached)
+    publish = worker.gather_and_send(worker.step, "full", args.dtype)  # gather + cast (no engines attached)
     result = {
         "preset": args.preset,
         "device": args.device,

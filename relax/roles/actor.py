@@ -35,11 +35,10 @@ from relax.dataplane.plane import DataPlane, PlaneClient
 from relax.dataplane.samplers import balance_partitions
 from relax.roles.advantages import batch_advantages
 from relax.rollout.staleness import staleness_metrics
-from relax.utils.net import bind_address
 from relax.utils.placement import ray_placement
 from relax.utils.timer import timer
 from relax.utils.write_errors import write_failure
-from relax.weights.sender import build_sender
+from relax.weights.sender import SenderSettings, build_sender, send_weights
 from relax.weights.sync_group import without_tied
 
 logger = logging.getLogger(__name__)
@@ -74,18 +73,14 @@ class ActorRole(PlaneClient):
         if spec.needs_critic:
             self.critic = build_critic(cfg, self.trainer)
             self.value_loss_fn = make_value_loss(cfg.algorithm)
-        t = cfg.trainer
-        self.publisher = build_sender(
-            t.weight_sync_backend,
-            bucket_bytes=t.publish_bucket_mb << 20,
-            flatten=t.weight_sync_flatten is not False,
-            ipc=t.weight_sync_ipc,
-            device=getattr(self.trainer, "device", None),  # a CPU trainer on a GPU host sends by gloo
-            disk_root=cfg.run.run_dir / "weights",
-            host=bind_address(cfg.resources.bind),
+        # the one description of the run's weight transport; a rank group builds its senders from it too
+        self.sender_settings = SenderSettings.from_config(
+            cfg.trainer, cfg.resources.bind, disk_root=str(cfg.run.run_dir / "weights")
         )
-        # the rank group publishes from its ranks, except through files, which the Actor writes
-        self.ranks_publish = isinstance(self.trainer, TrainerGroup) and t.weight_sync_backend != "disk"
+        # a CPU trainer on a GPU host sends by gloo
+        self.sender = build_sender(self.sender_settings, getattr(self.trainer, "device", None))
+        # the rank group sends from its ranks, except through files, which the Actor writes
+        self.ranks_send = isinstance(self.trainer, TrainerGroup) and cfg.trainer.weight_sync_backend != "disk"
         self.sync_stats: dict[str, float] = {}  # bytes and seconds of the last weight publish
         self._received_step = 0  # last step whose rows the Actor holds in full (for restarts)
         # Streaming modes fetch step k+1's rows ahead (relax/config/modes.py). When the update runs in
@@ -246,10 +241,10 @@ class ActorRole(PlaneClient):
 
     # -- weights -----------------------------------------------------------------------------
     async def connect_engines(self, urls: list[str]) -> None:
-        if self.ranks_publish:  # rank 0 of the group joins the engines' group
-            await asyncio.to_thread(self.trainer.connect_engines, urls)
+        if self.ranks_send:  # rank 0 of the group joins the engines' group
+            await asyncio.to_thread(self.trainer.connect_engines, urls, self.sender_settings.bind)
         else:
-            await self.publisher.connect(urls)
+            await self.sender.connect(urls)
 
     def _keep_weights(self) -> None:
         """overlap_push: copy the weights this update ended with; the driver pushes them while the next
@@ -266,18 +261,16 @@ class ActorRole(PlaneClient):
         current weights."""
         kept = self._kept.get(version) if version is not None else None
         version = version if kept is not None else self.trainer.step
-        if self.ranks_publish:
+        if self.ranks_send:
             mode = _sync_mode(self.cfg)
             self.sync_stats = await asyncio.to_thread(
-                self.trainer.publish, version, mode, self.cfg.model.dtype
+                self.trainer.send_from_ranks, version, mode, self.cfg.model.dtype
             )
             self.sync_stats.pop("tensors", None)
         else:
             named = kept if kept is not None else without_tied(self.trainer.named_weights())
-            seconds = await self.publisher.publish(named, version)
-            nbytes = sum(t.numel() * t.element_size() for _, t in named)
-            self.sync_stats = {"perf/weight_sync_bytes": float(nbytes), "perf/weight_publish_s": seconds}
-        logger.debug("weights v%d published: %s", version, self.sync_stats)
+            self.sync_stats = await send_weights(self.sender, named, version)
+        logger.debug("weights v%d sent: %s", version, self.sync_stats)
         return version
 
     # -- checkpoints -------------------------------------------------------------------------

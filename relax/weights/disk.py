@@ -1,5 +1,5 @@
 """Weight sync through files: the fallback for engines that cannot join a process group
-(ARCHITECTURE.md, "The weight push"). Each publish writes the weights as one safetensors file in a folder of its version under
+(ARCHITECTURE.md, "The weight push"). Each push writes the weights as one safetensors file in a folder of its version under
 `root`, then asks every engine to load it (`/update_weights_from_disk`); engines on other nodes need
 `root` on storage they see (the run folder on a cluster is shared: docs/cluster.md).
 
@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from torch import Tensor
 
 from relax.engine_api.client import EngineClient
 from relax.engine_api.protocol import version_to_engine
+from relax.weights.sender import Named, SenderSettings
 
 logger = logging.getLogger(__name__)
 
@@ -48,27 +48,38 @@ def save_weights(named_tensors: Iterable[tuple[str, Tensor]], out_dir: str | Pat
 
 
 class DiskPublisher:
-    """`WeightSender` over files in `root`: `connect` names the engines, `publish` writes and loads."""
+    """`WeightSender` over files in `root`: `connect` names the engines; the buckets of a push are
+    collected, and the last one writes the version and has every engine load it."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, bucket_bytes: int = 256 << 20) -> None:
         self.root = Path(root)
+        self.bucket_bytes = bucket_bytes
         self.clients: list[EngineClient] = []
+        self._pending: list[tuple[str, Tensor]] = []  # the buckets of the push in progress
+
+    @classmethod
+    def from_settings(cls, settings: SenderSettings, device: torch.device | None = None) -> DiskPublisher:
+        return cls(settings.disk_root, settings.bucket_bytes)
 
     @property
     def connected(self) -> bool:
         return bool(self.clients)
 
-    async def connect(self, urls: list[str]) -> None:
+    async def connect(
+        self, urls: list[str], rank_uuids: Sequence[str | None] | None = None, rank: int = 0
+    ) -> None:
+        """Every engine loads the files itself: only rank 0 of a group writes them."""
         await self.close()
-        self.clients = [EngineClient(u) for u in urls]
+        self.clients = [EngineClient(u) for u in urls] if rank == 0 else []
         logger.info("weight sync by files under %s to %d engine(s)", self.root, len(self.clients))
 
-    async def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
-        """Write version `version` and have every engine load it; returns the seconds it took."""
-        if not self.connected:
-            raise RuntimeError("DiskPublisher.publish before connect(): no engines to publish to")
-        t0 = time.perf_counter()
-        folder = await asyncio.to_thread(save_weights, named_tensors, self.root / f"v{version:06d}")
+    async def send_bucket(self, bucket: Named, version: int, last: bool) -> None:
+        """Collect `bucket`; the last one writes version `version` and has every engine load it."""
+        self._pending += bucket
+        if not last:
+            return
+        named, self._pending = self._pending, []
+        folder = await asyncio.to_thread(save_weights, named, self.root / f"v{version:06d}")
         await asyncio.gather(
             *(
                 c.update_weights_from_disk(str(folder), weight_version=version_to_engine(version))
@@ -77,9 +88,9 @@ class DiskPublisher:
         )
         for old in sorted(self.root.glob("v[0-9]*"))[:-KEEP_VERSIONS]:
             shutil.rmtree(old, ignore_errors=True)
-        return time.perf_counter() - t0
 
     async def close(self) -> None:
+        self._pending = []
         for c in self.clients:
             await c.close()
         self.clients = []

@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
 from relax.engine_api.client import EngineClient
 from relax.engine_api.protocol import version_to_engine
-from relax.utils.net import free_port, node_ip
+from relax.utils.net import bind_address, free_port, node_ip
 from relax.weights import ipc as weight_ipc
 from relax.weights import sync_group as weight_sync
+from relax.weights.sender import Named, SenderSettings
 
 logger = logging.getLogger(__name__)
-
-Named = list[tuple[str, Tensor]]
 
 
 def local_uuid() -> str | None:
@@ -50,27 +47,6 @@ def assign(
         rank = next((r for r, ru in enumerate(rank_uuids) if u is not None and ru == u), None)
         (group if rank is None else ipc[rank]).append(i)
     return group, ipc
-
-
-def stream_buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[tuple[Named, bool]]:
-    """(bucket, is_last) over consecutive buckets of at most `bucket_bytes` (a bigger tensor goes alone).
-    One bucket is held back to know which is the last: the version travels with the last bucket only, so
-    a receiver reports the new version once it holds all of it."""
-    current: Named = []
-    size = 0
-    pending: Named | None = None
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        if current and size + nbytes > bucket_bytes:
-            if pending is not None:
-                yield pending, False
-            pending, current, size = current, [], 0
-        current.append((name, t))
-        size += nbytes
-    if pending is not None:
-        yield pending, not current
-    if current:
-        yield current, True
 
 
 async def _uuid_of(client: EngineClient) -> str | None:
@@ -111,7 +87,19 @@ class WeightPublisher:
         self.group: weight_sync.WeightSyncGroup | None = None
         self.clients: list[EngineClient] = []  # members of the broadcast group
         self.ipc_clients: list[EngineClient] = []  # on this rank's GPU
-        self.last_publish_s = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: SenderSettings, device: torch.device | None) -> WeightPublisher:
+        """The rendezvous listens on `resources.bind`'s address in the process that sends (rank 0's node
+        for a rank group)."""
+        return cls(
+            settings.bucket_bytes,
+            backend=settings.backend,
+            flatten=settings.flatten,
+            ipc=settings.ipc,
+            device=device,
+            host=bind_address(settings.bind),
+        )
 
     @property
     def connected(self) -> bool:
@@ -153,7 +141,7 @@ class WeightPublisher:
             len(self.ipc_clients),
         )
 
-    async def push_bucket(self, bucket: Named, version: int, last: bool) -> None:
+    async def send_bucket(self, bucket: Named, version: int, last: bool) -> None:
         """Send one bucket to every receiver of this rank; the last bucket carries the version."""
         names = [n for n, _ in bucket]
         dtypes = [weight_sync.dtype_name(t.dtype) for _, t in bucket]
@@ -186,16 +174,6 @@ class WeightPublisher:
             tasks.append(send)
         await weight_sync._all_or_first_error([asyncio.ensure_future(t) for t in tasks])  # noqa: SLF001
         del shared  # every IPC receiver has copied it
-
-    async def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
-        """Send all tensors to the receivers, bucket by bucket; returns the seconds it took."""
-        if not self.connected:
-            raise RuntimeError("WeightPublisher.publish before connect(): no engines to publish to")
-        t0 = time.perf_counter()
-        for bucket, last in stream_buckets(named_tensors, self.bucket_bytes):
-            await self.push_bucket(bucket, version, last)
-        self.last_publish_s = time.perf_counter() - t0
-        return self.last_publish_s
 
     async def close(self) -> None:
         """Leave the group; the members are asked to leave too (best effort: a dead engine cannot)."""

@@ -17,6 +17,7 @@ from relax.fleet.elastic_api import ElasticServer
 from relax.fleet.elastic_manager import ElasticManager
 from relax.rollout.router import Router
 from relax.weights.publisher import WeightPublisher
+from relax.weights.sender import send_weights
 
 ENGINE_KW = {"threads": 1, "max_running": 8, "seed": 0}
 
@@ -91,7 +92,7 @@ class Harness:
             self.version += 1
             with torch.no_grad():  # weights change every step, so a stale engine would show
                 self.named[0][1].add_(0.001)
-            await self.publisher.publish(self.named, self.version)
+            await send_weights(self.publisher, self.named, self.version)
             if plan is not None:
                 await self.manager.pushed(self.version)
 

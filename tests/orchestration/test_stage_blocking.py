@@ -219,11 +219,13 @@ def test_overlap_push_publishes_the_weights_the_update_ended_with(cfg):
         assert actor.overlap_push  # auto: the in-process trainer in a streaming mode
         sent: list[tuple[int, dict]] = []
 
-        async def publish(named, version):
-            sent.append((version, {n: t.clone() for n, t in named}))
-            return 0.0
+        class Recorder:  # a sender without receivers: one bucket, recorded
+            connected, bucket_bytes = True, 1 << 40
 
-        actor.publisher.publish = publish
+            async def send_bucket(self, bucket, version, last):
+                sent.append((version, {n: t.clone() for n, t in bucket}))
+
+        actor.sender = Recorder()
         await put_step(plane, 1)
         await put_step(plane, 2)
         await actor.train(1)

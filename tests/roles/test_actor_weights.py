@@ -55,7 +55,7 @@ def test_actor_publishes_through_the_configured_sender(backend, engine, tiny_mod
             return version, await client.model_info(), await client.generate(PROMPT, greedy)
         finally:
             await client.close()
-            await actor.publisher.close()
+            await actor.sender.close()
 
     version, info, out = asyncio.run(go())
     assert version == 4 and info["weight_version"] == "4"

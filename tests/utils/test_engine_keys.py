@@ -67,6 +67,7 @@ async def _attach_the_ways_a_run_does(url: str, tmp_path) -> None:
     from relax.fleet.elastic_manager import ElasticManager
     from relax.rollout.router import Router
     from relax.weights.disk import DiskPublisher
+    from relax.weights.sender import send_weights
 
     await attach_external(url)  # rollout.engine=external
     router = Router([], timeout_s=30)
@@ -77,7 +78,7 @@ async def _attach_the_ways_a_run_does(url: str, tmp_path) -> None:
         await asyncio.sleep(0.05)
     publisher = DiskPublisher(tmp_path / "weights")
     await publisher.connect([url])
-    await publisher.publish([("w", torch.zeros(2))], version=1)
+    await send_weights(publisher, [("w", torch.zeros(2))], version=1)
     await publisher.close()
     await manager.close()
     await router.close()

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 from relax.backends.inference.embedded.server import EngineServer
 from relax.engine_api.client import EngineClient, EngineRequestError
 from relax.weights.disk import DiskPublisher, save_weights
-from relax.weights.publisher import WeightPublisher, stream_buckets
+from relax.weights.publisher import WeightPublisher
+from relax.weights.sender import send_weights, stream_buckets
 from relax.weights.sync_group import create_group, without_tied
 from tests.engine_helpers import free_port, greedy_reference, perturbed_model, run, trainer_logprobs
 
@@ -79,11 +80,11 @@ def test_push_weights_over_the_group_changes_outputs_and_version(bare_server, ne
             named = without_tied(new_model.state_dict().items())
             assert "lm_head.weight" not in dict(named) and "model.embed_tokens.weight" in dict(named)
             assert len(named) == len(new_model.state_dict()) - 1
-            await publisher.publish(named, version=3)
+            await send_weights(publisher, named, version=3)
             # an unknown name is refused after the bucket was received, and the group stays usable
             with pytest.raises(EngineRequestError, match="unknown weight"):
-                await publisher.publish([("no.such.weight", torch.zeros(2))], version=4)
-            await publisher.publish(named[:1], version=5)
+                await send_weights(publisher, [("no.such.weight", torch.zeros(2))], version=4)
+            await send_weights(publisher, named[:1], version=5)
         finally:
             await publisher.close()
         return await client.generate(PROMPT, greedy), await client.model_info()
@@ -108,8 +109,8 @@ def test_update_weights_from_disk(bare_server, bare_model_dir, new_model, tmp_pa
         run(client.update_weights_from_disk(str(tmp_path / "missing"), weight_version="11"))
 
 
-def test_disk_publisher_loads_each_version_and_keeps_the_two_newest(bare_server, new_model, tmp_path):
-    """`trainer.weight_sync_backend: disk`: each publish is a version folder the engine loads."""
+def test_disk_sender_loads_each_version_and_keeps_the_two_newest(bare_server, new_model, tmp_path):
+    """`trainer.weight_sync_backend: disk`: each push is a version folder the engine loads."""
     client = EngineClient(bare_server.url, timeout_s=60)
     publisher = DiskPublisher(tmp_path / "weights")
 
@@ -117,7 +118,7 @@ def test_disk_publisher_loads_each_version_and_keeps_the_two_newest(bare_server,
         await publisher.connect([bare_server.url])
         try:
             for version in (31, 32, 33):
-                await publisher.publish(without_tied(new_model.state_dict().items()), version)
+                await send_weights(publisher, without_tied(new_model.state_dict().items()), version)
         finally:
             await publisher.close()
         return await client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
@@ -149,7 +150,7 @@ def test_push_weights_over_nccl(bare_model_dir, new_model):
             await publisher.connect([server.url])
             try:
                 named = [(n, t.to("cuda:0")) for n, t in new_model.state_dict().items()]
-                await publisher.publish(named, version=7)
+                await send_weights(publisher, named, version=7)
             finally:
                 await publisher.close()
             return await client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})

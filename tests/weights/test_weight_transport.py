@@ -10,8 +10,9 @@ from transformers import AutoModelForCausalLM
 from relax.backends.inference.embedded.server import EngineServer
 from relax.engine_api.client import EngineClient, EngineRequestError
 from relax.weights import ipc as weight_ipc
-from relax.weights.publisher import WeightPublisher, assign, stream_buckets
+from relax.weights.publisher import WeightPublisher, assign
 from relax.weights.receiver import ModelWeightReceiver, ReceiverServer
+from relax.weights.sender import send_weights, stream_buckets
 from tests.engine_helpers import engine_process, greedy_reference, perturbed_model, run
 
 PROMPT = [5, 6, 7, 8]
@@ -83,7 +84,7 @@ def _publish(urls: list[str], named, version: int, **kw) -> None:
         pub = WeightPublisher(bucket_bytes=48 << 10, group_name="t_flat", **kw)
         await pub.connect(urls)
         try:
-            await pub.publish(named, version)
+            await send_weights(pub, named, version)
         finally:
             await pub.close()
 

@@ -342,37 +342,38 @@ class FSDPWorker:
         return device_uuid(self.device)
 
     def connect_engines(
-        self, urls: list[str], rank_uuids: list[str | None] | None = None, api_key: str | None = None
+        self,
+        urls: list[str],
+        rank_uuids: list[str | None] | None = None,
+        api_key: str | None = None,
+        bind: str = "auto",
     ) -> None:
         """Rank 0 forms the weight-sync group with the receivers on other GPUs; each rank serves the
         receivers on its own GPU by CUDA IPC. `rank_uuids`: every rank's GPU (default: this rank alone);
-        `api_key`: the run's token, which the receivers ask for."""
+        `api_key`: the run's token, which the receivers ask for; `bind`: `resources.bind`, where rank 0's
+        rendezvous listens."""
         if api_key:
             from relax.utils.auth import set_process_token
 
             set_process_token(api_key)
         rank_uuids = rank_uuids if rank_uuids is not None else [self.device_uuid()]
         if self.rank < len(rank_uuids):
-            self._publisher().connect(urls, rank_uuids, self.rank)
+            self._rank_sender(bind).connect(urls, rank_uuids, self.rank)
 
-    def publish(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
-        """Gather full weights in buckets; rank 0 broadcasts each to the engines. Returns bytes and time."""
+    def gather_and_send(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
+        """Gather full weights in buckets and send each to this rank's receivers (rank 0: the group's).
+        Returns bytes and time."""
         stream = self.weight_stream(mode, DTYPES[dtype] if dtype else None, skip_tied=True)
-        return self._publisher().publish(stream, version, sender=self.rank == 0)
+        return self._rank_sender().send_stream(stream, version, log=self.rank == 0)
 
-    def _publisher(self) -> Any:
-        if getattr(self, "_rank_publisher", None) is None:
-            from relax.weights.rank_publisher import RankPublisher  # HTTP clients: only when publishing
+    def _rank_sender(self, bind: str = "auto") -> Any:
+        """This rank's `RankSender`, built at the first connect from `trainer.weight_sync_*` and `bind`."""
+        if getattr(self, "_sender", None) is None:
+            from relax.weights.rank_sender import RankSender  # HTTP clients: only when sending
+            from relax.weights.sender import SenderSettings
 
-            c = self.cfg
-            self._rank_publisher = RankPublisher(
-                c.publish_bucket_mb << 20,
-                c.weight_sync_backend,
-                flatten=c.weight_sync_flatten is not False,
-                ipc=c.weight_sync_ipc,
-                device=self.device,
-            )
-        return self._rank_publisher
+            self._sender = RankSender(SenderSettings.from_config(self.cfg, bind), self.device)
+        return self._sender
 
     def gather_optimizer_state(self, key: str = "exp_avg") -> dict[str, Tensor] | None:
         """Rank 0: {param name: full optimizer state `key`} (e.g. `exp_avg`, a read-out of the gradient)."""
@@ -415,8 +416,8 @@ class FSDPWorker:
         return self.step
 
     def shutdown(self) -> None:
-        if getattr(self, "_rank_publisher", None) is not None:
-            self._rank_publisher.close()
+        if getattr(self, "_sender", None) is not None:
+            self._sender.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

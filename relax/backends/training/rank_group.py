@@ -185,16 +185,18 @@ class TrainerGroup:
         return self._call_all("gather_optimizer_state", key)[0]
 
     # -- publishing --------------------------------------------------------------------------
-    def connect_engines(self, urls: list[str]) -> None:
-        """Every rank learns every rank's GPU, so each receiver is served by exactly one rank."""
+    def connect_engines(self, urls: list[str], bind: str = "auto") -> None:
+        """Every rank learns every rank's GPU, so each receiver is served by exactly one rank. `bind`:
+        `resources.bind`, resolved on rank 0's node for the group's rendezvous."""
         from relax.utils.auth import process_token
 
         # the run's token travels as an argument: the ranks' HTTP clients send it to the receivers
-        self._call_all("connect_engines", urls, self._call_all("device_uuid"), api_key=process_token())
+        uuids = self._call_all("device_uuid")
+        self._call_all("connect_engines", urls, uuids, api_key=process_token(), bind=bind)
 
-    def publish(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
+    def send_from_ranks(self, version: int, mode: str = "full", dtype: str | None = None) -> dict[str, float]:
         """All ranks gather, rank 0 broadcasts to the connected engines; returns bytes and seconds."""
-        return self._call_all("publish", version, mode, dtype)[0]
+        return self._call_all("gather_and_send", version, mode, dtype)[0]
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self, path: Path | str) -> None:

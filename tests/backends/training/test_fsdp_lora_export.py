@@ -50,7 +50,7 @@ def test_lora_trains_adapters_only_and_syncs_only_their_bytes(tiny_model_dir, lo
     for a, b in zip(lora_group.compute_log_probs(batch, reference=True), ref_before, strict=True):
         torch.testing.assert_close(a, b)
 
-    stats = {mode: lora_group.publish(version=2, mode=mode) for mode in ("adapter", "merged", "full")}
+    stats = {mode: lora_group.send_from_ranks(version=2, mode=mode) for mode in ("adapter", "merged", "full")}
     assert stats["adapter"]["perf/weight_sync_bytes"] == _bytes(adapters.items())
     assert stats["merged"]["perf/weight_sync_bytes"] == _bytes(merged.items())
     assert stats["adapter"]["perf/weight_sync_bytes"] < stats["merged"]["perf/weight_sync_bytes"] / 3
@@ -62,7 +62,7 @@ def test_merged_lora_sync_reaches_the_engine(tiny_model_dir, lora_group):
     server.start()
     try:
         lora_group.connect_engines([server.url])
-        stats = lora_group.publish(version=lora_group.step, mode="merged")
+        stats = lora_group.send_from_ranks(version=lora_group.step, mode="merged")
         assert stats["perf/weight_sync_bytes"] > 0
         assert_engine_matches(lora_group, server.url)
     finally:

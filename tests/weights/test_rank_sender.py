@@ -1,5 +1,5 @@
-"""`RankPublisher.publish`: a bucket is sent while the next ones are gathered, in order, with the
-version on the last bucket only; a failed send stops the publish with its error."""
+"""`RankSender.send_stream`: a bucket is sent while the next ones are gathered, in order, with the
+version on the last bucket only; a failed send stops the push with its error."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import time
 import pytest
 import torch
 
-from relax.weights.rank_publisher import RankPublisher
+from relax.weights.rank_sender import RankSender
+from relax.weights.sender import SenderSettings
 
 SEND_S = 0.05
 
 
 class FakeSender:
-    """Stands in for `WeightPublisher`: each send takes SEND_S and records when it ran."""
+    """Stands in for a `WeightSender`: each send takes SEND_S and records when it ran."""
 
     connected = True
 
@@ -26,7 +27,7 @@ class FakeSender:
         self.active = 0
         self.max_active = 0
 
-    async def push_bucket(self, bucket, version: int, last: bool) -> None:
+    async def send_bucket(self, bucket, version: int, last: bool) -> None:
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         start = time.perf_counter()
@@ -49,17 +50,17 @@ def gathered(n: int, log: dict[str, float]):
         yield f"w{i}", torch.zeros(1)
 
 
-def publisher(sender: FakeSender) -> RankPublisher:
-    pub = RankPublisher(bucket_bytes=8)
-    pub.publisher = sender
+def rank_sender(sender: FakeSender) -> RankSender:
+    pub = RankSender(SenderSettings(bucket_bytes=8))
+    pub.sender = sender
     return pub
 
 
 def test_buckets_go_out_in_order_while_the_next_ones_are_gathered():
     sender, log = FakeSender(), {}
-    pub = publisher(sender)
+    pub = rank_sender(sender)
     try:
-        stats = pub.publish(gathered(10, log), version=3, sender=True)
+        stats = pub.send_stream(gathered(10, log), version=3, log=True)
     finally:
         pub.close()
     assert [names for names, *_ in sender.sends] == [[f"w{i}", f"w{i + 1}"] for i in range(0, 10, 2)]
@@ -73,12 +74,12 @@ def test_buckets_go_out_in_order_while_the_next_ones_are_gathered():
     assert 0 < stats["perf/weight_publish_wait_s"] < stats["perf/weight_publish_s"]
 
 
-def test_a_failed_send_stops_the_publish_with_its_error():
+def test_a_failed_send_stops_the_push_with_its_error():
     sender, log = FakeSender(fail_at=1), {}
-    pub = publisher(sender)
+    pub = rank_sender(sender)
     try:
         with pytest.raises(RuntimeError, match="did not answer"):
-            pub.publish(gathered(10, log), version=3, sender=True)
+            pub.send_stream(gathered(10, log), version=3, log=True)
     finally:
         pub.close()
     assert len(sender.sends) == 1 and len(log) < 10  # nothing was sent or gathered after the failure

@@ -5,8 +5,9 @@ by CUDA IPC to the receivers on its own GPU (colocated engines, ActorFwd).
 Rank 0 sends bucket k while it gathers bucket k+2 (bucket k+1 is already gathered: one bucket is held
 back to know which is the last, since the version travels with the last bucket only and a receiver
 reports the new version once it holds all of it). Peak extra memory is therefore about three buckets,
-plus the packed copy of the bucket being sent. Each rank keeps its `WeightPublisher` (HTTP clients +
-group) on a private event loop in a thread of its own, because the rank is a plain synchronous Ray
+plus the packed copy of the bucket being sent. Each rank keeps its `WeightSender` (built by
+`relax.weights.sender.build_sender` from the run's settings, like the one-process trainer's: HTTP clients
+and group) on a private event loop in a thread of its own, because the rank is a plain synchronous Ray
 actor.
 """
 
@@ -24,37 +25,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax.weights.publisher import WeightPublisher, local_uuid, stream_buckets
+from relax.weights.sender import SenderSettings, WeightSender, build_sender, stream_buckets
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RankPublisher", "local_uuid", "stream_buckets"]
 
+class RankSender:
+    """One training rank's side of a push: drives a `WeightSender` from the rank's synchronous code."""
 
-class RankPublisher:
-    def __init__(
-        self,
-        bucket_bytes: int,
-        backend: str = "auto",
-        flatten: bool = True,
-        ipc: bool = True,
-        device: torch.device | None = None,
-    ) -> None:
-        """`device`: the rank's device; a GPU is made current in the publishing thread (a thread starts on
+    def __init__(self, settings: SenderSettings, device: torch.device | None = None) -> None:
+        """`device`: the rank's device; a GPU is made current in the sending thread (a thread starts on
         cuda:0, which is another GPU when the rank sees all of them), a CPU one sends through gloo."""
         self.device = device
-        self.bucket_bytes = bucket_bytes
-        self.backend = backend
-        self.flatten, self.ipc = flatten, ipc
-        self.publisher: WeightPublisher | None = None
+        self.settings = settings
+        self.sender: WeightSender | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _submit(self, coro: Any) -> Future:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-            threading.Thread(
-                target=self._serve, args=(self._loop,), name="weight-publish", daemon=True
-            ).start()
+            threading.Thread(target=self._serve, args=(self._loop,), name="weight-send", daemon=True).start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def _run(self, coro: Any) -> Any:
@@ -67,29 +57,29 @@ class RankPublisher:
 
     def connect(self, urls: list[str], rank_uuids: Sequence[str | None] | None = None, rank: int = 0) -> None:
         """Rank 0 forms the group with the receivers on other GPUs; every rank takes those on its GPU."""
-        self.publisher = self.publisher or WeightPublisher(
-            self.bucket_bytes, backend=self.backend, flatten=self.flatten, ipc=self.ipc, device=self.device
-        )
-        self._run(self.publisher.connect(urls, rank_uuids, rank))
+        if self.sender is None:
+            self.sender = build_sender(self.settings, self.device)
+        self._run(self.sender.connect(urls, rank_uuids, rank))
 
-    def publish(self, named: Iterable[tuple[str, Tensor]], version: int, sender: bool) -> dict[str, float]:
+    def send_stream(self, named: Iterable[tuple[str, Tensor]], version: int, log: bool) -> dict[str, float]:
         """Walk `named` (collective gathers on every rank); send each bucket to this rank's receivers.
+        `log`: this rank reports the push (rank 0).
 
-        Bucket k is sent (by the publishing thread) while this thread gathers bucket k+1, so the host time
+        Bucket k is sent (by the sending thread) while this thread gathers bucket k+1, so the host time
         of the gathers and casts overlaps the receivers' loads; buckets still go out one at a time, in
         order (the version travels with the last)."""
         t0 = time.perf_counter()
         nbytes, count, buckets, waited = 0, 0, 0, 0.0
-        connected = self.publisher is not None and self.publisher.connected
+        connected = self.sender is not None and self.sender.connected
         sending: Future | None = None
         try:
-            for bucket, last in stream_buckets(named, self.bucket_bytes):
+            for bucket, last in stream_buckets(named, self.settings.bucket_bytes):
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
                 count += len(bucket)
                 buckets += 1
                 if connected:
                     waited += _wait(sending)
-                    sending = self._submit(self.publisher.push_bucket(bucket, version, last))
+                    sending = self._submit(self.sender.send_bucket(bucket, version, last))
             waited += _wait(sending)
         except BaseException:
             if sending is not None and not sending.done():  # a failed gather: let the send end first
@@ -97,7 +87,7 @@ class RankPublisher:
                     sending.result(timeout=60)
             raise
         seconds = time.perf_counter() - t0
-        if sender:
+        if log:
             logger.info(
                 "weights v%d: %d tensors, %.1f MB in %d buckets, %.3fs",
                 version,
@@ -114,8 +104,8 @@ class RankPublisher:
         }
 
     def close(self) -> None:
-        if self.publisher is not None:
-            self._run(self.publisher.close())
+        if self.sender is not None:
+            self._run(self.sender.close())
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
