@@ -26,7 +26,10 @@ from relax.data.batch import TrainBatch, pack_micro_batches
 from relax.data.columns import LOG_PROBS, REF_LOG_PROBS, partition_name
 from relax.data.rows import tensor_column
 from relax.dataplane.plane import STAGE_POLL_S, DataPlane
+from relax.engine_api.protocol import version_to_engine
 from relax.roles.stage import StageRole
+from relax.utils.net import bind_address
+from relax.weights.receiver import ModelWeightReceiver, ReceiverServer
 
 logger = logging.getLogger(__name__)
 
@@ -50,20 +53,18 @@ class ActorFwdRole(StageRole):
         self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
         self._weights_changed = asyncio.Condition()
         self._task: asyncio.Task | None = None
-        self._receiver = None  # the weight-sync receiver server, started by weight_url()
+        # every weight it gets goes through the receive core: a push's buckets and a restart's state
+        self.receiver = ModelWeightReceiver(self.model)
+        self._server: ReceiverServer | None = None  # serves `receiver`, started by weight_url()
 
     def weight_url(self) -> str:
         """Join the trainer's weight broadcasts: the URL of this role's weight receiver (the trainer adds
         it to the engines of its weight-sync group, so weights arrive by NCCL/gloo broadcast, no host
         copy through Ray). `mark_trained` then says which training step the received weights hold."""
-        from relax.utils.net import bind_address
-        from relax.weights.receiver import ModelWeightReceiver, ReceiverServer
-
-        if self._receiver is None:
-            host = bind_address(self.cfg.resources.bind)
-            self._receiver = ReceiverServer(ModelWeightReceiver(self.model), host=host)
-            self._receiver.start()
-        return self._receiver.url
+        if self._server is None:
+            self._server = ReceiverServer(self.receiver, host=bind_address(self.cfg.resources.bind))
+            self._server.start()
+        return self._server.url
 
     async def mark_trained(self, trained_through: int) -> None:
         """The weights broadcast last (through `weight_url`) are those after training step `trained_through`."""
@@ -72,12 +73,9 @@ class ActorFwdRole(StageRole):
             self._weights_changed.notify_all()
 
     async def set_weights(self, state: dict[str, torch.Tensor], trained_through: int) -> None:
-        """Load the Actor's weights after training step `trained_through`."""
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            logger.warning(
-                "actor_fwd weights: %d missing, %d unexpected names", len(missing), len(unexpected)
-            )
+        """Load the Actor's weights after training step `trained_through` (a restarted replica that must
+        forward the step in training before the next push reaches its receiver)."""
+        self.receiver.load(state.items(), version_to_engine(trained_through))
         async with self._weights_changed:
             self.trained_through = trained_through
             self._weights_changed.notify_all()
@@ -120,6 +118,7 @@ class ActorFwdRole(StageRole):
 
     async def stop(self) -> None:
         await super().stop()
-        if self._receiver is not None:
-            self._receiver.stop()
-            self._receiver = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        self.receiver.inbox.close()

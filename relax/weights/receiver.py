@@ -42,7 +42,8 @@ class ModelWeightReceiver:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.params = {**dict(model.named_buffers()), **dict(model.named_parameters())}
+        # tied weights under each of their names (a sender may use either)
+        self.params = {**dict(model.named_buffers()), **dict(model.named_parameters(remove_duplicate=False))}
         self.device = next(model.parameters()).device
         self.inbox = WeightInbox(self.device, JOIN_TIMEOUT_S)
         self.version: str | None = None
