@@ -22,14 +22,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"relax train: {e}", file=sys.stderr)
         return 2
     from relax.data.dataset import DataError
+    from relax.entrypoints.signals import stop_on_signals
     from relax.orchestration.checkpoint import CheckpointError
     from relax.orchestration.controller import Controller
     from relax.orchestration.preflight import PreflightError
     from relax.orchestration.service import RoleStartError, RunStopped
+    from relax.orchestration.stop import StopRequest
     from relax.utils.hub import HubError
 
     try:
-        step = Controller(cfg, resume=args.resume).run()
+        # SIGTERM / Ctrl-C: the first asks the run to stop, the second stops at once (KeyboardInterrupt)
+        with stop_on_signals(StopRequest()) as stop:
+            step = Controller(cfg, resume=args.resume, stop=stop).run()
     # HubError, DataError: a Hub model or data set the driver cannot resolve or read (before Ray starts)
     except (PreflightError, RoleStartError, CheckpointError, FileExistsError, HubError, DataError) as e:
         print(f"relax train: {e}", file=sys.stderr)
@@ -37,7 +41,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except RunStopped as e:
         print(f"relax train: {e}", file=sys.stderr)
         return 130
-    except KeyboardInterrupt:  # the second SIGTERM / Ctrl-C: the Controller stopped at once
+    except KeyboardInterrupt:  # the second SIGTERM / Ctrl-C: the run stopped at once
         print(
             "relax train: stopped at once by a second signal (no checkpoint of the step in flight)",
             file=sys.stderr,

@@ -54,6 +54,21 @@ def latest_checkpoint(run_dir: Path, log: bool = False) -> tuple[int, Path] | No
     return found[-1] if found else None
 
 
+def resume_point(run_dir: Path, resume: bool) -> tuple[int, Path] | None:
+    """The checkpoint a run starts from (None: step 0), creating the run folder; a folder that holds
+    checkpoints must be resumed (`FileExistsError` otherwise)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    found = latest_checkpoint(run_dir, log=True) if resume else None
+    if resume and found is None:
+        logger.warning("--resume: no complete checkpoint in %s; starting from step 0", run_dir)
+    if not resume and latest_checkpoint(run_dir) is not None:
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run, "
+            "or choose another run.name / run.output_dir"
+        )
+    return found
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded (truncated, tampered with, from another model); names the
     folder and what to do."""

@@ -217,14 +217,13 @@ def _report(problems: list[str], demands: list[Demand], nodes: list[Node]) -> st
     )
 
 
-def check_cluster_fit(cfg: RelaxConfig, specs: list[Any]) -> None:
-    """`check_fit` of the run's demand on the connected Ray cluster's live nodes; raises `FitError`."""
+def check_cluster_fit(cfg: RelaxConfig, specs: list[Any], cluster_gpus: int) -> None:
+    """`check_fit` of the run's demand on the connected Ray cluster's live nodes (`cluster_gpus`: the GPUs
+    the run's GPU plan counted); raises `FitError`."""
     import ray
 
-    from relax.orchestration.gpus import cluster_gpus
-
     nodes = [Node.from_ray(n) for n in ray.nodes() if n.get("Alive")]
-    demands = run_demand(cfg, specs, cluster_gpus())
+    demands = run_demand(cfg, specs, cluster_gpus)
     placed = check_fit(demands, nodes)
     logger.info(
         "the run fits the cluster: %s",

@@ -3,8 +3,9 @@ costs.
 
 * A **stateless** role (ActorFwd, Reference, Advantages, GenRM, Metrics) that died, was replaced behind
   our back (a new incarnation: its state is gone) or went silent for `ops.heartbeat_timeout_s` is
-  restarted in place: its Serve application is deleted and deployed again, and `StepFlow` hands it the
-  step to continue from (and ActorFwd the last pushed weights). Rows it had taken but not finished are
+  restarted in place: its Serve application is deleted and deployed again, and `Stages`
+  (relax/orchestration/stages.py) hands it the step to continue from (and ActorFwd the last pushed
+  weights). The HealthManager decides and counts (`check`, `failed`); the caller restarts. Rows it had taken but not finished are
   taken again by the new replica, which is a new data-plane consumer; recomputed columns are identical.
 * The **Actor** and the **Rollout** hold state that only a checkpoint restores (weights and optimizer;
   data position and staleness gate): their failure, or a stateless role failing more than
@@ -130,16 +131,29 @@ class HealthManager:
         reason = bad[name]
         return GlobalRestart(name, f"{reason}; a call failed meanwhile: {type(error).__name__}: {error}")
 
-    def check(self, restart_in_place: Callable[[str], None], asked: Any = None) -> None:
-        """Restart failed stateless roles with `restart_in_place(name)`; raise `GlobalRestart` for the rest
-        (`asked`: a snapshot from `ask()`, else one is asked now)."""
-        for name, reason in self.failures(asked).items():
-            self.restart(name, reason, restart_in_place)
+    def check(self, asked: Any = None) -> list[str]:
+        """The failed stateless roles to restart in place now, each counted (`failed`); raises
+        `GlobalRestart` first when any failed role cannot be restarted in place (`asked`: a snapshot from
+        `ask()`, else one is asked now). The caller restarts them, then calls `restarted` for each."""
+        bad = self.failures(asked)
+        for name, reason in bad.items():
+            self._refuse(name, reason)
+        for name, reason in bad.items():
+            self.failed(name, reason)
+        return list(bad)
 
-    def restart(self, name: str, reason: str, restart_in_place: Callable[[str], None]) -> None:
-        """Role `name` failed for `reason`: restart it in place if it is stateless and under its restart
-        budget, else raise `GlobalRestart`. Also called directly when a failure is seen before the
-        heartbeats show it (a weight receiver that refuses the push)."""
+    def failed(self, name: str, reason: str) -> None:
+        """Role `name` failed for `reason`: count a restart in place if it is stateless and under its
+        restart budget, else raise `GlobalRestart`. Also called directly when a failure is seen before
+        the heartbeats show it (a weight receiver that refuses the push)."""
+        self._refuse(name, reason)
+        count = self.role_restarts[name] = self.role_restarts.get(name, 0) + 1
+        budget = self.ops.max_role_restarts
+        logger.warning("role %s failed: %s; restarting it in place (%d of %d)", name, reason, count, budget)
+        self.notifier.restart(name, f"{reason}; restarting it in place ({count} of {budget})")
+
+    def _refuse(self, name: str, reason: str) -> None:
+        """Raise `GlobalRestart` when role `name` may not be restarted in place once more."""
         if name not in STATELESS:
             raise GlobalRestart(name, reason)
         count = self.role_restarts.get(name, 0) + 1
@@ -148,18 +162,9 @@ class HealthManager:
                 name,
                 f"{reason}; failed {count} times (ops.max_role_restarts={self.ops.max_role_restarts})",
             )
-        self.role_restarts[name] = count
-        logger.warning(
-            "role %s failed: %s; restarting it in place (%d of %d)",
-            name,
-            reason,
-            count,
-            self.ops.max_role_restarts,
-        )
-        self.notifier.restart(
-            name, f"{reason}; restarting it in place ({count} of {self.ops.max_role_restarts})"
-        )
-        restart_in_place(name)
+
+    def restarted(self, name: str) -> None:
+        """Role `name` was restarted in place: wait for its new replica's heartbeat, and watch that one."""
         self.watch([name], replacing=name)
 
     # -- engines -----------------------------------------------------------------------------

@@ -50,3 +50,11 @@ def roles_for(cfg: RelaxConfig) -> list[RoleSpec]:
     if cfg.reward.genrm is not None:
         names.append("genrm")
     return [_spec(name, cfg) for name in names]
+
+
+def run_roles(cfg: RelaxConfig, resume_step: int | None = None) -> list[RoleSpec]:
+    """Every role the run deploys: the Metrics service (appending after `resume_step` when resuming)
+    and `roles_for(cfg)`."""
+    from relax.roles.metrics import MetricsRole
+
+    return [RoleSpec("metrics", MetricsRole, 0.25, {"resume_step": resume_step}), *roles_for(cfg)]

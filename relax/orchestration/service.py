@@ -15,10 +15,13 @@ Ray reports as a warning).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,30 @@ def start_ray(
 
     if ray.is_initialized():
         return False
+    with _keeping_sigterm_handler():
+        _init_ray(address, num_cpus, object_store_mb, num_gpus, dashboard)
+    logger.info("ray resources: %s", ray.cluster_resources())
+    return True
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """`ray.init` puts its own SIGTERM handler in (one that exits at once); a handler the process had
+    installed (the command line's stop request, relax/entrypoints/signals.py) is put back after it."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(before):
+            signal.signal(signal.SIGTERM, before)
+
+
+def _init_ray(
+    address: str | None, num_cpus: int, object_store_mb: int, num_gpus: int | None, dashboard: bool
+) -> None:
+    import ray
+
     if address:
         ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
         nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
@@ -123,8 +150,38 @@ def start_ray(
         )
         if dashboard:
             logger.info("Ray dashboard at http://%s (loopback only)", context.dashboard_url)
-    logger.info("ray resources: %s", ray.cluster_resources())
-    return True
+
+
+def start_run_ray(cfg: Any) -> bool:
+    """`start_ray` for a run of `cfg` (a RelaxConfig): its resources, its secrets and logs folders."""
+    r, run_dir = cfg.resources, cfg.run.run_dir
+    return start_ray(
+        r.ray_address,
+        r.num_cpus,
+        r.object_store_mb,
+        r.num_gpus,
+        secrets_dir=run_dir / "secrets",
+        log_dir=run_dir / "logs",
+        dashboard=r.dashboard,
+    )
+
+
+def set_run_token(cfg: Any) -> None:
+    """The run's secret: RELAX_RUN_TOKEN, else a fresh one; every server the run starts requires it.
+    Operators find it in <run_dir>/secrets/run_token (readable by its owner only)."""
+    import secrets
+
+    from pydantic import SecretStr
+
+    from relax.config import register_config_secrets
+    from relax.utils.auth import set_process_token
+    from relax.utils.redact import write_secret_file
+
+    token = os.environ.get("RELAX_RUN_TOKEN") or secrets.token_urlsafe(32)
+    cfg.run.token = SecretStr(token)
+    register_config_secrets(cfg)
+    set_process_token(token)
+    write_secret_file(cfg.run.run_dir / "secrets" / "run_token", token)
 
 
 def start_serve(log_dir: Path | None = None) -> None:
@@ -312,6 +369,20 @@ def delete_roles(timeout_s: float = 60.0) -> None:
             logger.warning("roles %s were still stopping after %.0fs", ", ".join(names), timeout_s)
     except Exception:  # noqa: BLE001 - stopping; Serve or the cluster may already be gone
         logger.exception("stopping the roles failed")
+
+
+def end_run(stop_ray: bool) -> None:
+    """The end of a run, however it ends: its token is forgotten (a process may run several), the
+    heartbeat board closed (the next run in this cluster starts a fresh one), then `shutdown`."""
+    from relax.ops.heartbeat import close_board
+    from relax.utils.auth import set_process_token
+
+    set_process_token(None)
+    try:
+        close_board()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        logger.exception("closing the heartbeat board failed")
+    shutdown(stop_ray)
 
 
 def shutdown(stop_ray: bool) -> None:

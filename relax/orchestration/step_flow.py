@@ -16,7 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from relax.config.modes import STREAMING_MODES
-from relax.orchestration.weight_push import WeightGroup, WeightPush, answers
+from relax.orchestration.interfaces import PlainWait, Redeploy, Wait, Watch
+from relax.orchestration.stages import Stages
+from relax.orchestration.weight_push import WeightGroup, WeightPush
 
 try:  # a replica that died mid-call; the HealthManager decides what that costs
     from ray.exceptions import RayActorError as ReplicaGone
@@ -25,30 +27,37 @@ except ImportError:  # pragma: no cover - Ray is a dependency
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("actor_fwd", "reference", "advantages")  # fully_async roles between Rollout and Actor
 POLL_S = 2.0  # how often a wait on the Actor checks the background roles
 
 
 class StepFlow:
-    def __init__(self, mode: str, handles: dict[str, Any], health: Any = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        handles: dict[str, Any],
+        health: Any = None,
+        *,
+        redeploy: Redeploy | None = None,
+        wait: Wait | None = None,
+        watch: Watch | None = None,
+        overlap: bool = False,
+    ) -> None:
+        """`handles`: the run's role handles; `health`: the HealthManager (None in unit tests); `redeploy`:
+        restarts a role in place (the run's `Deployment`); `wait`, `watch`: how the driver waits on a role
+        and watches the time meanwhile (the run's Watchdog; no deadlines when None); `overlap`:
+        overlap_push (relax/config/modes.py), the next update is sent before the push, which then sends
+        the copy of the weights the Actor kept for the trained step."""
         self.streaming = mode in STREAMING_MODES
         self.rollout, self.actor = handles["rollout"], handles["actor"]
-        self.stages = {n: handles[n] for n in STAGES if n in handles}
-        self.health = health  # HealthManager (None in unit tests)
-        self.redeploy: Callable[[str], Any] | None = None  # name -> new handle (set by the Controller)
-        self.training_step = 0  # the step whose update is awaited
+        self.health = health
+        self.watch = watch if watch is not None else PlainWait()
         # Who receives the weights: the engines and, beside them, ActorFwd's receiver (it joins the
         # trainer's broadcast group like an engine).
         self.group = WeightGroup(self.actor)
-        if "actor_fwd" in self.stages:
-            self.group.set_receivers([self.stages["actor_fwd"].weight_url.remote().result()])
-            self.group.stale = False  # the Controller forms the group with them at start
-        self.weights = WeightPush(self.rollout, self.actor, self.group, health)
-        self.weights.after_prepare = self._read_after_train
-        self.weights.dead_receiver = self._restart_dead_receivers
-        self.weights.pushed = self._pushed
-        # deadlines while the driver waits (the Controller's watchdog); nothing in unit tests
-        self.watch: Callable[[str, str], None] = lambda role, phase: None
+        self.stages = Stages(handles, self.group, redeploy, health)
+        self.weights = WeightPush(
+            self.rollout, self.actor, self.group, health, receivers=self.stages, wait=wait, overlap=overlap
+        )
         self._trained: int | None = None  # the step whose update ended since the last push began
         self._after: Callable[[], None] | None = None  # the post-train checks, asked not read
         self._checked_at = -math.inf  # when the background roles were last checked (monotonic)
@@ -61,13 +70,12 @@ class StepFlow:
 
     @property
     def overlap(self) -> bool:
-        """overlap_push (relax/config/modes.py): the next update is sent before the push, which then sends
-        the copy of the weights the Actor kept for the trained step."""
         return self.weights.overlap
 
-    @overlap.setter
-    def overlap(self, value: bool) -> None:
-        self.weights.overlap = value
+    @property
+    def training_step(self) -> int:
+        """The step whose update is awaited."""
+        return self.stages.training_step
 
     @property
     def rollout_metrics(self) -> dict[str, float]:
@@ -81,10 +89,9 @@ class StepFlow:
             self.health.watch_engines(self.weights.repair)
         if not self.streaming:
             return
-        for handle in self.stages.values():
-            handle.start.remote(first_step).result()
+        self.stages.start(first_step)
         self.rollout.start.remote(first_step).result()
-        logger.info("streaming from step %d (%s)", first_step, ", ".join(["rollout", *self.stages]))
+        logger.info("streaming from step %d (%s)", first_step, ", ".join(["rollout", *self.stages.handles]))
 
     def begin_push(self, trained_step: int, rollout_metrics: bool = False) -> None:
         """Send the push's first call now (`WeightPush.begin`), then, after an update, the check that
@@ -99,38 +106,29 @@ class StepFlow:
     def push_weights(self, trained_step: int) -> int:
         """Publish the weights trained through `trained_step` (`WeightPush.push`); the checks asked after
         the update are read while the prepare runs, before the Actor's weights go out (an Actor replaced
-        while it trained must not push fresh weights). Returns the version the receivers hold."""
+        while it trained must not push fresh weights; a failed check cancels the push). Returns the
+        version the receivers hold."""
         if self._trained is not None:
             self.begin_push(trained_step)
-        return self.weights.push(trained_step)
+        with self.weights.lock:
+            after, self._after = self._after, None
+            try:
+                if after is not None:
+                    after()
+            except BaseException:
+                self.weights.cancel(trained_step)
+                raise
+            return self.weights.push(trained_step)
 
     def settle(self) -> None:
         """Wait for the last push's `finish_weight_update` (generation resumed, step counted consumed)."""
         self.weights.settle()
 
-    def _pushed(self, trained_step: int) -> None:
-        if "actor_fwd" in self.stages:  # it received the same broadcast as the engines
-            self.stages["actor_fwd"].mark_trained.remote(trained_step).result()
-
-    def _restart_dead_receivers(self) -> bool:
-        """ActorFwd's weight receiver is in the push's group like an engine; one that does not answer
-        `/health` broke the push. Its role is restarted now rather than when its heartbeat goes silent
-        (`ops.heartbeat_timeout_s` later): a retry without it would fail the same way. The new replica's
-        receiver joins the group for the retry."""
-        if "actor_fwd" not in self.stages:
-            return False
-        for url in self.receivers:
-            if not answers(url):
-                reason = f"its weight receiver at {url} does not answer"
-                self.health.restart("actor_fwd", reason, self.restart_stage)
-                return True
-        return False
-
     def train(self, step: int) -> dict[str, float]:
         """The Actor's update on step `step`; while it waits for data, background failures surface.
         The checks that follow an update go out with the push (`begin_push`). Advantages' metrics of the
         step come with the Actor's (through the data plane)."""
-        self.training_step = step
+        self.stages.training_step = step
         ahead, self._ahead = self._ahead, None
         response = ahead[1] if ahead is not None and ahead[0] == step else self.actor.train.remote(step)
         while True:
@@ -139,7 +137,7 @@ class StepFlow:
                 break
             except TimeoutError:
                 self.check()
-                self.watch("actor", "the update")
+                self.watch.check("actor", "the update")
         self._trained = step
         return metrics
 
@@ -148,7 +146,7 @@ class StepFlow:
         then waits for this one. It is the step in training from now on (a stage role restarted during
         the push continues from it)."""
         self._ahead = (step, self.actor.train.remote(step))
-        self.training_step = step
+        self.stages.training_step = step
 
     @property
     def training_ahead(self) -> bool:
@@ -166,18 +164,15 @@ class StepFlow:
         rollout = self.rollout.check.remote() if self.streaming and rollout else None
         stages = stages and self.streaming
 
-        def ask_stages() -> list:
-            return [handle.metrics.remote(-1) for handle in self.stages.values()] if stages else []
-
-        responses = ask_stages()
+        responses = self.stages.ask() if stages else []
 
         def read() -> None:
             nonlocal responses
             if self.health is not None:
-                restarts = sum(self.health.role_restarts.values())
-                self.health.check(self.restart_stage, asked)
-                if sum(self.health.role_restarts.values()) != restarts:
-                    responses = ask_stages()
+                failed = self.health.check(asked)
+                self.stages.restart(failed)
+                if failed and stages:  # asked again, on the new handles
+                    responses = self.stages.ask()
             if rollout is not None:
                 rollout.result()
             for response in responses:
@@ -191,11 +186,6 @@ class StepFlow:
 
         return read
 
-    def _read_after_train(self) -> None:
-        after, self._after = self._after, None
-        if after is not None:
-            after()
-
     def check(self, max_age_s: float = 0.0) -> None:
         """Let the HealthManager restart failed stage roles; raise the failure of any background role.
         Asked together: one round trip instead of one per role. `max_age_s`: skip when the roles were
@@ -203,25 +193,6 @@ class StepFlow:
         if time.monotonic() - self._checked_at < max_age_s:
             return
         self._ask_checks()()
-
-    def restart_stage(self, name: str) -> None:
-        """Redeploy role `name`; a stage role continues from the step in training, or after the last step
-        whose data the Actor already holds. A new ActorFwd has a new weight receiver: it joins the
-        broadcast group at the next push; if it must first forward the step in training, the Actor (waiting
-        for that step's data, so not updating) hands it the current weights once, through Ray."""
-        handle = self.redeploy(name)
-        if name not in self.stages:
-            return
-        self.stages[name] = handle
-        step = self.training_step
-        # the Actor may already hold the step in training and the one after (fetched while it trains)
-        first = max(step, self.actor.received_step.remote().result() + 1)
-        if name == "actor_fwd":
-            self.group.set_receivers([handle.weight_url.remote().result()])
-            if first == step:
-                handle.set_weights.remote(self.actor.state_dict.remote(), step - 1).result()
-        handle.start.remote(first).result()
-        logger.info("%s restarted; it continues from step %d", name, first)
 
     def stop(self) -> None:
         if self.health is not None:
@@ -232,8 +203,8 @@ class StepFlow:
             logger.exception("the last weight update did not finish")
         if not self.streaming:
             return
-        for name, handle in [("rollout", self.rollout), *self.stages.items()]:
-            try:
-                handle.stop.remote().result(timeout_s=30)
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                logger.exception("stopping %s failed", name)
+        try:
+            self.rollout.stop.remote().result(timeout_s=30)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            logger.exception("stopping rollout failed")
+        self.stages.stop()

@@ -13,10 +13,10 @@ short slices and between them checks two deadlines:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from relax.orchestration.service import RunStopped
+from relax.orchestration.stop import StopRequest
 
 SLICE_S = 1.0  # how often a wait looks at the deadlines
 
@@ -37,11 +37,10 @@ class StepStalled(RuntimeError):
 
 
 class Watchdog:
-    def __init__(
-        self, step_timeout_s: float | None, stop_grace_s: float, stop_asked: Callable[[], float | None]
-    ):
-        """`stop_asked()`: when a stop was requested (monotonic seconds), or None."""
-        self.step_timeout_s, self.stop_grace_s, self.stop_asked = step_timeout_s, stop_grace_s, stop_asked
+    """The driver's `Wait` and `Watch` (relax/orchestration/interfaces.py) of a run."""
+
+    def __init__(self, step_timeout_s: float | None, stop_grace_s: float, stop: StopRequest) -> None:
+        self.step_timeout_s, self.stop_grace_s, self.stop = step_timeout_s, stop_grace_s, stop
         self.step = 0
         self._step_started = time.monotonic()
 
@@ -53,7 +52,7 @@ class Watchdog:
         now = time.monotonic()
         if self.step_timeout_s is not None and now - self._step_started > self.step_timeout_s:
             raise StepStalled(role, phase, self.step, now - self._step_started)
-        asked = self.stop_asked()
+        asked = self.stop.asked_at
         if asked is not None and now - asked > self.stop_grace_s:
             raise RunStopped(
                 f"stop requested; {role} did not finish {phase} of step {self.step} within "

@@ -17,31 +17,40 @@ goes through `reform`, which has the Actor form its weight-sync group with exact
    next push or anything that needs the Rollout's state).
 
 Roles are Serve handles; this module sequences calls and decides nothing about health (the HealthManager
-answers whether engines changed).
+answers whether engines changed). Its collaborators are given at construction: how a response is waited
+for (`Wait`), and the receivers beside the engines (`Receivers`: ActorFwd's, relax/orchestration/stages.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-import httpx
-
+from relax.orchestration.interfaces import PlainWait, Wait
 from relax.utils import faults
 from relax.utils.errors import cause_of
 
 logger = logging.getLogger(__name__)
 
-PROBE_TIMEOUT_S = 5.0  # a weight receiver's `/health` after a failed push
+
+class Receivers(Protocol):
+    """The weight receivers beside the engines, as the push sees them."""
+
+    def pushed(self, trained_step: int) -> None:
+        """The push of `trained_step`'s weights reached every receiver."""
+
+    def restart_dead(self) -> bool:
+        """After a failed push: restart the role of a receiver that does not answer; whether one was."""
 
 
-def answers(url: str) -> bool:
-    """Whether a weight receiver's server answers `/health`."""
-    try:
-        return httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT_S).status_code == 200
-    except httpx.HTTPError:
+class NoReceivers:
+    """Only engines receive the weights."""
+
+    def pushed(self, trained_step: int) -> None:
+        return None
+
+    def restart_dead(self) -> bool:
         return False
 
 
@@ -79,20 +88,32 @@ class WeightGroup:
 class WeightPush:
     """One push of the trained step's weights at a time; see the module docstring for the sequence."""
 
-    def __init__(self, rollout: Any, actor: Any, group: WeightGroup, health: Any = None) -> None:
+    def __init__(
+        self,
+        rollout: Any,
+        actor: Any,
+        group: WeightGroup,
+        health: Any = None,
+        *,
+        receivers: Receivers | None = None,
+        wait: Wait | None = None,
+        overlap: bool = False,
+    ) -> None:
+        """`health`: the HealthManager (None: no engine is replaced, a failed push is not retried);
+        `wait`: how a response is waited for (the run's Watchdog: deadlines while waiting); `overlap`:
+        overlap_push, push the copy of the weights the Actor kept for the trained step."""
         self.rollout, self.actor, self.group, self.health = rollout, actor, group, health
-        self.overlap = False  # overlap_push: push the copy of the weights the Actor kept for the step
+        self.receivers = receivers if receivers is not None else NoReceivers()
+        self.waiter = wait if wait is not None else PlainWait()
+        self.overlap = overlap
         self.rollout_metrics: dict[str, float] = {}  # of the step last pushed (asked by `begin`)
-        self.after_prepare: Callable[[], None] = lambda: None  # the post-train checks, read mid-push
-        self.dead_receiver: Callable[[], bool] = lambda: False  # restarts a dead receiver's role
-        self.pushed: Callable[[int], None] = lambda step: None  # the push reached every receiver
-        # how a response is waited for (the Controller's watchdog: deadlines while waiting)
-        self.wait: Callable[[Any, str, str], Any] = lambda response, role, phase: response.result()
         self._preparing: Any = None  # the Rollout's `prepare_weight_update`, sent by `begin`
         self._finishing: Any = None  # the Rollout's `finish_weight_update` of the last push
         self._pushing = 0  # the trained step whose weights the push in progress sends
         self.version: int | None = None  # the weight version the receivers hold (of the last push)
-        self._lock = threading.Lock()  # one push or repair at a time (`repair` runs on another thread)
+        # one push or repair at a time (`repair` runs on another thread); the step flow holds it over the
+        # post-train checks it reads before `push`, so a repair never runs between them
+        self.lock = threading.RLock()
 
     def begin(self, trained_step: int, rollout_metrics: bool = False) -> None:
         """Send the push's first call (the Rollout's `prepare_weight_update`) now: in fully_async the push
@@ -104,21 +125,31 @@ class WeightPush:
             self.health is not None, trained_step if rollout_metrics else None
         )
 
+    def wait(self, response: Any, role: str, phase: str) -> Any:
+        return self.waiter.wait(response, role, phase)
+
     def push(self, trained_step: int) -> int:
         """Publish the weights trained through `trained_step`; returns the version the receivers hold."""
         if self._preparing is None or self._pushing != trained_step:
             self.begin(trained_step)
-        with self._lock:
+        with self.lock:
             return self._push(trained_step)
+
+    def cancel(self, trained_step: int) -> None:
+        """The push begun for `trained_step` does not happen (a check before it failed): the prepare is
+        waited for (generation stopped), then generation resumes without new weights."""
+        preparing, self._preparing = self._preparing, None
+        try:
+            if preparing is not None:
+                self.wait(preparing, "rollout", "stopping generation for the weight push")
+        finally:
+            self._finishing = self.rollout.finish_weight_update.remote(trained_step, False, None)
 
     def _push(self, trained_step: int) -> int:
         preparing, self._preparing = self._preparing, None
         admit, version = False, None
         try:
-            try:  # the trained step's checks were asked when it ended; they answer during the prepare
-                self.after_prepare()
-            finally:
-                prep = self.wait(preparing, "rollout", "stopping generation for the weight push")
+            prep = self.wait(preparing, "rollout", "stopping generation for the weight push")
             self.rollout_metrics = prep.get("metrics", {})
             plan = self._apply_elastic_plan(prep["plan"])
             if plan is None:
@@ -127,7 +158,7 @@ class WeightPush:
             admit = self.health is not None
             if plan is not None:
                 self.rollout.elastic_pushed.remote(version).result()
-            self.pushed(trained_step)
+            self.receivers.pushed(trained_step)
         finally:
             self._finishing = self.rollout.finish_weight_update.remote(trained_step, admit, version)
         return version
@@ -138,7 +169,7 @@ class WeightPush:
         the Actor sends the copy of the weights it kept for that version (overlap_push), else its current
         weights, which are that version's while no update runs (colocate: the rollout or evaluation
         waits; the streaming modes: the update waits for the rollout's data)."""
-        with self._lock:
+        with self.lock:
             info = self.rollout.replace_dead_engines.remote().result()
             if not info.get("pending"):
                 return  # the last push took them in
@@ -200,6 +231,6 @@ class WeightPush:
             return self._actor_push()
         except Exception:
             logger.exception("weight push failed; checking the engines and receivers, then pushing again")
-        self.dead_receiver()
+        self.receivers.restart_dead()
         self._regroup(None)
         return self._actor_push()

@@ -65,7 +65,7 @@ class Checks:
             self.error = e
             traceback.print_exc()
         finally:
-            self.controller.stop_requested = True  # the run ends as on Ctrl-C
+            self.controller.stop.request()  # the run ends as on Ctrl-C
 
     def op(self, http, op_id: str, timeout: float = 180) -> dict:
         return wait(lambda: (o := http.get(f"/v1/operations/{op_id}").json())["done"] and o, timeout, op_id)

@@ -1,4 +1,4 @@
-"""The Controller's start-up waits: the data plane starts on a daemon thread that a stop does not wait
+"""The run's start-up waits (relax/orchestration/deployment.py): the data plane starts on a daemon thread that a stop does not wait
 for, and a plane that comes after the stop is closed, not left running."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from relax.orchestration.controller import _Background
+from relax.orchestration.deployment import _Background
 from relax.orchestration.service import RunStopped
 
 

@@ -169,8 +169,7 @@ def test_overlap_push_sends_the_next_update_first_and_pushes_the_kept_copy():
     """overlap_push: step 2's update goes out before step 1's push, which asks for the copy of step 1's
     weights; `train(2)` then waits for the update already sent instead of sending another."""
     rollout, actor = Handle(FakeRollout()), Handle(VersionedActor())
-    f = StepFlow("fully_async", {"rollout": rollout, "actor": actor})
-    f.overlap = True
+    f = StepFlow("fully_async", {"rollout": rollout, "actor": actor}, overlap=True)
     f.train(1)
     f.train_ahead(2)
     assert f.training_ahead and f.training_step == 2
@@ -286,13 +285,24 @@ class Health(HealthManager):
         pass
 
 
+class Redeploy:
+    """The run's `Deployment` as the step flow sees it: a restarted role's new handle."""
+
+    def __init__(self, new: dict[str, Handle]) -> None:
+        self.new, self.redeployed = new, []
+
+    def redeploy(self, name: str) -> Handle:
+        self.redeployed.append(name)
+        return self.new[name]
+
+
 def receiver_flow(receiver: str, dead: set[str], replacement: str, fail_once: bool = False):
     rollout = Handle(EngineRollout())
     actor = Handle(GroupActor([ENGINE, receiver], dead, fail_once))
     fwd = Handle(ActorFwd(receiver))
-    f = StepFlow("fully_async", {"rollout": rollout, "actor": actor, "actor_fwd": fwd}, Health())
     new_fwd = Handle(ActorFwd(replacement))
-    f.redeploy = lambda name: new_fwd
+    handles = {"rollout": rollout, "actor": actor, "actor_fwd": fwd}
+    f = StepFlow("fully_async", handles, Health(), redeploy=Redeploy({"actor_fwd": new_fwd}))
     return f, actor, fwd, new_fwd
 
 

@@ -1,0 +1,72 @@
+"""`relax train`'s signal handling (relax/entrypoints/signals.py) in this process: the first SIGTERM or
+Ctrl-C requests a stop and says what it does, the second raises KeyboardInterrupt and arms the hard exit;
+the process's own handlers come back afterwards, and starting Ray keeps a handler the process installed.
+The whole run's behaviour is covered by tests/e2e/test_interrupt.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from relax.entrypoints import signals
+from relax.orchestration.service import RunStopped, _keeping_sigterm_handler
+from relax.orchestration.stop import StopRequest
+
+
+class Timer:
+    """Stands in for the hard-exit timer: records it, never fires (it would end the test process)."""
+
+    armed: list[tuple] = []
+
+    def __init__(self, interval: float, fn, args=()) -> None:
+        Timer.armed.append((interval, fn, args))
+        self.daemon = False
+
+    def start(self) -> None:
+        pass
+
+
+@pytest.fixture
+def no_hard_exit(monkeypatch):
+    Timer.armed = []
+    monkeypatch.setattr(signals.threading, "Timer", Timer)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_first_signal_requests_a_stop_and_the_second_stops_at_once(sig, no_hard_exit, caplog):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stop = StopRequest()
+    with signals.stop_on_signals(stop):
+        os.kill(os.getpid(), sig)
+        assert stop.requested and Timer.armed == []
+        assert "stopping the start" in caplog.text
+        with pytest.raises(RunStopped, match="stop requested before the roles started"):
+            stop.check("the roles started")
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), sig)
+        assert [(t, args) for t, _, args in Timer.armed] == [(signals.HARD_EXIT_S, (130,))]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_stop_once_steps_run_says_the_step_finishes_first(no_hard_exit, caplog):
+    stop = StopRequest()
+    stop.effect = "finishing the current step"
+    with signals.stop_on_signals(stop):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert "SIGTERM: finishing the current step" in caplog.text
+    assert not stop.request()  # already requested: the first request's time stands
+
+
+def test_starting_ray_keeps_the_sigterm_handler_the_process_installed():
+    def mine(signum, frame) -> None:
+        pass
+
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        with _keeping_sigterm_handler():
+            signal.signal(signal.SIGTERM, lambda s, f: None)  # what ray.init does
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, old)
