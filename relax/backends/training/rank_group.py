@@ -146,9 +146,6 @@ class TrainerGroup:
     def compute_log_probs(self, batch: TrainBatch, *, reference: bool = False) -> list[torch.Tensor]:
         return self._per_sample("compute_log_probs", batch, reference=reference)
 
-    def compute_entropy(self, batch: TrainBatch) -> list[torch.Tensor]:
-        return self._per_sample("compute_entropy", batch)
-
     def compute_values(self, batch: TrainBatch) -> list[torch.Tensor]:
         return self._per_sample("compute_values", batch)
 
