@@ -1,22 +1,70 @@
 #!/usr/bin/env bash
-# Set up a virtual environment with the test extras and run the whole test suite (slow tests included).
-# Extra arguments go to pytest, e.g.: bash scripts/test.sh -m "not slow"
+# Set up a virtual environment with the test extras, lint, build the docs and run the test suite: what CI
+# runs (.ci/run), the slow end-to-end tests included. docs/testing.md describes the tiers.
+#
+#   bash scripts/test.sh                    # CI's suite
+#   bash scripts/test.sh -m "not slow"      # extra arguments go to pytest
+#   bash scripts/test.sh --full             # everything: the tests marked `full`, the whole fault matrix
+#                                           # (scripts/fault_matrix.py) and the cluster soak (needs root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+FULL=0
+if [ "${1:-}" = "--full" ]; then
+  FULL=1
+  shift
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q torch==2.13.0 -e '.[test,docs]'
+
+# uv resolves and installs the same packages as pip several times faster; it reads no pip configuration,
+# so the indexes, local wheel folders and constraints pip is set up with (pip.conf, PIP_* variables) are
+# passed on, and `unsafe-best-match` picks the highest version over all of them as pip does (uv's default
+# takes a package from the first index that has it). Without uv (no network to fetch it), pip installs.
+uv_args=(--python .venv/bin/python --index-strategy unsafe-best-match)
+while IFS= read -r line; do
+  key=${line%%=*}
+  key=${key#*.}
+  val=${line#*=}
+  val=${val#\'}
+  val=${val%\'}
+  case "$key" in
+    index-url) uv_args+=(--index-url "$val") ;;
+    extra-index-url) for v in $val; do uv_args+=(--extra-index-url "$v"); done ;;
+    find-links) for v in $val; do uv_args+=(--find-links "$v"); done ;;
+    constraint) for v in $val; do uv_args+=(--constraint "$v"); done ;;
+    cert) export SSL_CERT_FILE="$val" ;;
+  esac
+done < <(.venv/bin/python -m pip config list 2>/dev/null || true)
+if [ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q uv 2>/dev/null; then
+  .venv/bin/uv pip install -q "${uv_args[@]}" torch==2.13.0 -e '.[test,docs]'
+else
+  echo "uv is not available: installing with pip" >&2
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q torch==2.13.0 -e '.[test,docs]'
+fi
+
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray token auth stays on: Relax sets it up (docs/cluster.md)
 .venv/bin/ruff check relax tests benchmarks
 .venv/bin/ruff format --check relax tests benchmarks
 bash scripts/docs.sh  # the docs site builds with no warning (broken links fail)
+
+status=0
 set +e
-.venv/bin/pytest -ra --durations=20 "$@"
+if [ "$FULL" = 1 ]; then
+  .venv/bin/pytest -ra --durations=20 --full "$@"
+else
+  .venv/bin/pytest -ra --durations=20 "$@"
+fi
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing on purpose" >&2
-  exit 1
+  rc=1
 fi
-exit "$rc"
+[ "$rc" -eq 0 ] || status=$rc
+if [ "$FULL" = 1 ]; then
+  # every cell of the matrix, its table rewritten in docs/faults.md; then both cluster shapes ten times
+  .venv/bin/python scripts/fault_matrix.py --budget-min 100000 || status=1
+  .venv/bin/python scripts/cluster_soak.py --runs 10 || status=1
+fi
+exit "$status"

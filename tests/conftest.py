@@ -1,4 +1,6 @@
-"""Session-wide fixtures: one tiny model folder, one toy data file, one local Ray cluster."""
+"""Session-wide fixtures: one tiny model folder, one toy data file, one local Ray cluster; and the `full`
+tier: tests marked `full` (the rest of the fault matrix, the second cluster shape) are skipped unless
+pytest runs with `--full` (`bash scripts/test.sh --full`, docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,22 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")  # deploys start sooner (service.py)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full", action="store_true", help="also run the tests marked `full` (beyond CI's time budget)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--full"):
+        return
+    # skipped, not deselected: the summary lists what only the full run covers
+    skip = pytest.mark.skip(reason="full tier: bash scripts/test.sh --full (docs/testing.md)")
+    for item in items:
+        if item.get_closest_marker("full"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

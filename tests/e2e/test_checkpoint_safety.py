@@ -1,7 +1,10 @@
 """Checkpoints a run resumes from are data, never code, and a broken one is a clear error: a truncated
 weight shard or a tampered state file stops `--resume` naming the checkpoint and the earlier complete one
 to use (and leaves the run's config.yaml as it was); a folder without its COMPLETE marker is skipped with
-a warning; a pickled state file of an earlier release that carries code is refused."""
+a warning; a pickled state file of an earlier release that carries code is refused. Two runs: the
+training and the resume that meets the truncated shard (the Controller's error path, shared by every
+load failure); the tampered state file goes straight to the loader the Actor calls, which is where it
+is refused."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pickle
 
 import pytest
 
+from relax.backends.training.update import read_trainer_state
 from relax.config import load_config
 from relax.orchestration import checkpoint as ckpt
 from relax.orchestration.controller import Controller
@@ -59,8 +63,16 @@ def test_broken_checkpoints_are_clear_errors(ray_cluster, tiny_model_dir, arith_
     assert found is not None and found[0] == 1
     assert any("step_000002 is skipped" in r.getMessage() for r in caplog.records)
 
-    state = ckpt.step_dir(run_dir, 1) / "actor" / "trainer_state.json"
+    step1 = ckpt.step_dir(run_dir, 1)
+    state = step1 / "actor" / "trainer_state.json"
     state.unlink()
     state.with_suffix(".pt").write_bytes(pickle.dumps({"step": 1, "scheduler": Boom()}))
-    with pytest.raises(ckpt.CheckpointError, match=r"step_000001 cannot be loaded"):
-        Controller(cfg(tiny_model_dir, arith_file, tmp_path, 3), resume=True).run()
+    # Boom's code would raise SystemExit, which pytest.raises(Exception) does not catch
+    with pytest.raises(Exception) as refused:
+        read_trainer_state(step1 / "actor", scheduler=None, state_file=state.name)
+    assert "Weights only load failed" in str(refused.value)
+    error = ckpt.load_failure(step1, refused.value, run_dir)  # what the Controller raises on it
+    assert isinstance(error, ckpt.CheckpointError)
+    assert "step_000001 cannot be loaded" in str(error) and "start the run again without --resume" in str(
+        error
+    )
