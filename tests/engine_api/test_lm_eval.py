@@ -2,7 +2,7 @@
 task, scored through `echo` with prompt log-probs, and a generation task, both defined in local files
 (`dataset_path: json`), offline. The log-likelihoods lm-eval logs are checked against the trainer's
 forward over the same weights, so a wrong prompt log-prob (or an off-by-one in `echo`) fails here.
-Runs in about 20 s: a tiny model, a handful of documents, `--limit`."""
+Kept short: a tiny model, a handful of documents, `--limit` (its time: docs/measurements.md)."""
 
 from __future__ import annotations
 
