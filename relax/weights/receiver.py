@@ -50,19 +50,14 @@ class ModelWeightReceiver:
         self.loaded = 0  # tensors loaded since start (tests)
 
     def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
-        self.inbox.join(
-            req.master_address, req.master_port, req.rank_offset, req.world_size, req.group_name, req.backend
-        )
+        self.inbox.join(req)
 
     def update(self, req: UpdateWeightsFromDistributedRequest) -> None:
-        tensors = self.inbox.receive(req.names, req.dtypes, req.shapes, req.group_name, req.load_format)
-        self.load(tensors.items(), req.weight_version)
+        self.load(self.inbox.receive(req).items(), req.weight_version)
 
     def update_ipc(self, req: UpdateWeightsFromIpcRequest) -> None:
         """A bucket from a CUDA buffer of the trainer rank on this GPU; copied before this returns."""
-        self.inbox.receive_ipc(
-            req.names, req.dtypes, req.shapes, req.handle, lambda t: self.load(t.items(), req.weight_version)
-        )
+        self.inbox.receive_ipc(req, lambda t: self.load(t.items(), req.weight_version))
 
     def load(self, named: Iterable[tuple[str, torch.Tensor]], weight_version: str | None) -> None:
         """Copy tensors into the model by name (unknown names are logged and skipped); `weight_version`

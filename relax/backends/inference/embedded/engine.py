@@ -38,7 +38,12 @@ from relax.backends.inference.embedded.prompt_logprobs import PromptLogprobs, pr
 from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.scheduler import Scheduler
 from relax.backends.inference.embedded.sequence import GenerationResult, OnToken, RequestGroup
-from relax.engine_api.protocol import SamplingParams
+from relax.engine_api.protocol import (
+    InitWeightsUpdateGroupRequest,
+    SamplingParams,
+    UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromIpcRequest,
+)
 from relax.weights.inbox import WeightInbox
 
 logger = logging.getLogger(__name__)
@@ -448,55 +453,31 @@ class EmbeddedEngine:
                 raise ValueError(f"cannot read {f}: {e}") from e
         return self.update_weights(tensors.items(), weight_version)
 
-    def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-    ) -> None:
-        """Join the trainer's weight-sync group as rank `rank_offset`; blocks until every rank has joined."""
+    def init_weights_update_group(self, req: InitWeightsUpdateGroupRequest) -> None:
+        """Join the trainer's weight-sync group as rank `req.rank_offset`; blocks until every rank has
+        joined."""
         self._held = []  # a push the old group left unfinished
-        self.inbox.join(master_address, master_port, rank_offset, world_size, group_name, backend)
+        self.inbox.join(req)
 
     def destroy_weights_update_group(self, group_name: str) -> None:
         self.inbox.leave(group_name)
 
-    def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str,
-        weight_version: str | None,
-        load_format: str | None = None,
-        flush_cache: bool = True,
-    ) -> int:
-        """Receive the tensors from rank 0 of `group_name` (in this thread), then load them.
+    def update_weights_from_distributed(self, req: UpdateWeightsFromDistributedRequest) -> int:
+        """Receive the tensors from rank 0 of `req.group_name` (in this thread), then load them.
         `load_format="flattened_bucket"`: one broadcast of the packed bucket instead of one per tensor."""
-        tensors = self.inbox.receive(names, dtypes, shapes, group_name, load_format)
-        return self.update_weights(tensors.items(), weight_version, refresh=flush_cache)
+        tensors = self.inbox.receive(req)
+        return self.update_weights(tensors.items(), req.weight_version, refresh=req.flush_cache)
 
-    def update_weights_from_ipc(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        handle: dict[str, Any],
-        weight_version: str | None,
-        flush_cache: bool = True,
-    ) -> int:
+    def update_weights_from_ipc(self, req: UpdateWeightsFromIpcRequest) -> int:
         """Load a bucket from a CUDA buffer of a process on this GPU; the copy is complete on return, so
         the sender may free the buffer."""
 
         def load(tensors: dict[str, Tensor]) -> int:
-            if not flush_cache and not self.paused:  # held past this call: off the sender's buffer
+            if not req.flush_cache and not self.paused:  # held past this call: off the sender's buffer
                 tensors = {k: v.clone() for k, v in tensors.items()}
-            return self.update_weights(tensors.items(), weight_version, refresh=flush_cache)
+            return self.update_weights(tensors.items(), req.weight_version, refresh=req.flush_cache)
 
-        return self.inbox.receive_ipc(names, dtypes, shapes, handle, load)
+        return self.inbox.receive_ipc(req, load)
 
     # -- introspection --------------------------------------------------------------------------
     def metrics(self) -> EngineMetrics:

@@ -65,21 +65,13 @@ def control_router(engine: EmbeddedEngine) -> APIRouter:
 
     @router.post("/init_weights_update_group")
     async def init_group(req: InitWeightsUpdateGroupRequest) -> JSONResponse:
-        args = (
-            req.master_address,
-            req.master_port,
-            req.rank_offset,
-            req.world_size,
-            req.group_name,
-            req.backend,
-        )
         if joining.locked():  # one rendezvous at a time; a second would only queue behind a stuck one
             return JSONResponse(
                 {"success": False, "message": "a weight-update group join is already in progress"}, 409
             )
         async with joining:
             return await _weights_call(
-                engine.init_weights_update_group, *args, done="joined the weight update group"
+                engine.init_weights_update_group, req, done="joined the weight update group"
             )
 
     @router.post("/destroy_weights_update_group")
@@ -92,15 +84,11 @@ def control_router(engine: EmbeddedEngine) -> APIRouter:
     async def update_distributed(req: UpdateWeightsFromDistributedRequest) -> JSONResponse:
         if req.abort_all_requests:
             await asyncio.to_thread(engine.abort, None, True)
-        args = (req.names, req.dtypes, req.shapes, req.group_name, req.weight_version, req.load_format)
-        return await _weights_call(
-            engine.update_weights_from_distributed, *args, req.flush_cache, done="weights updated"
-        )
+        return await _weights_call(engine.update_weights_from_distributed, req, done="weights updated")
 
     @router.post("/update_weights_from_ipc")
     async def update_ipc(req: UpdateWeightsFromIpcRequest) -> JSONResponse:
-        args = (req.names, req.dtypes, req.shapes, req.handle, req.weight_version, req.flush_cache)
-        return await _weights_call(engine.update_weights_from_ipc, *args, done="weights updated")
+        return await _weights_call(engine.update_weights_from_ipc, req, done="weights updated")
 
     @router.post("/update_weights_from_disk")
     async def update_disk(req: UpdateWeightsFromDiskRequest) -> JSONResponse:
