@@ -25,6 +25,7 @@ from relax.config.sections.trainer import TrainerConfig
 from relax.data.config import DataConfig, Section
 from relax.rewards.config import RewardConfig
 
+# section.key -> new section.key: keys renamed or moved, still accepted under the old name (with a warning)
 MOVED_KEYS = {
     f"resources.{key}": f"schedule.{key}"
     for key in (
