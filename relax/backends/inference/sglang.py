@@ -193,7 +193,7 @@ class SGLangActor:
 
     def __init__(
         self, cfg: SGLangServerConfig, launch_command: LaunchCommand, bind: str, api_key: str | None
-    ):
+    ) -> None:
         # the node's own address, decided on the node the actor landed on
         cfg = cfg.model_copy(update={"host": bind_address(bind)})
         self.server = SGLangServer(cfg, launch_command, api_key)
