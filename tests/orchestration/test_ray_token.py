@@ -50,17 +50,30 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _join(address: str, home: Path, **extra: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", JOIN, address],
-        env=_env(home, **extra),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(("JOINED", "REFUSED"))]
-    assert lines, done.stdout[-2000:] + done.stderr[-3000:]
-    return lines[-1]
+def _joins(address: str, home: Path, *extras: dict[str, str]) -> list[str]:
+    """One process per environment in `extras`, all at once (each mostly waits on Ray's client), each
+    trying to join the cluster at `address`; their JOINED/REFUSED lines, in order."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", JOIN, address],
+            env=_env(home, **extra),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for extra in extras
+    ]
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        lines = [ln for ln in out.splitlines() if ln.startswith(("JOINED", "REFUSED"))]
+        assert lines, out[-2000:] + err[-3000:]
+        results.append(lines[-1])
+    return results
 
 
 @pytest.fixture
@@ -133,13 +146,14 @@ def test_a_process_without_the_token_cannot_join_the_cluster_relax_started(tmp_p
         token = token_file.read_text().strip()
         assert len(token) == 64 and token_file.stat().st_mode & 0o077 == 0, oct(token_file.stat().st_mode)
 
-        for extra in ({}, {"RAY_AUTH_MODE": "token"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}):
-            # Ray's defaults (no token sent), token mode with no token to send, a wrong token; the GCS
-            # refuses them (Ray's client says ConnectionError or AuthenticationError), the join with the
-            # token below shows the cluster was up meanwhile
-            refused = _join(address, stranger, **extra)
-            assert refused.startswith("REFUSED"), (extra, refused)
-        joined = _join(address, stranger, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+        # Ray's defaults (no token sent), token mode with no token to send, a wrong token: the GCS refuses
+        # them (Ray's client says ConnectionError or AuthenticationError); the join with the token, at the
+        # same time, shows the cluster was up meanwhile
+        strangers = [{}, {"RAY_AUTH_MODE": "token"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}]
+        owner_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+        *refused, joined = _joins(address, stranger, *strangers, owner_env)
+        for extra, answer in zip(strangers, refused, strict=True):
+            assert answer.startswith("REFUSED"), (extra, answer)
         assert joined == "JOINED 42"
     finally:
         proc.stdin.close()
