@@ -6,8 +6,10 @@ of `--obs-len` random tokens is appended, as an agent's next turn would send it.
 turn by turn together (every session's turn k is submitted at once, as a batch of RL rollouts does).
 Each mode runs the workload once untimed (allocator, CUDA graphs), then `--repeats` times timed, the
 cache emptied before each (as the weight update before an RL step does); the median pass counts. Printed per mode: seconds, generated tokens per
-second, prompt tokens prefilled vs submitted, the cache's hit rate; then the throughput ratio. The
-last line printed is one JSON object.
+second, prompt tokens prefilled vs submitted, the cache's hit rate; then the throughput ratio and the
+roofline of the workload's decode steps (`engine.py`'s: bytes a step moves / 4.8 TB/s and FLOPs / 989
+TFLOP/s dense bf16, the H200's datasheet figures; prefill left out). The last line printed is one JSON
+object.
 
     python benchmarks/agent_turns.py                 # CPU: tiny model, 64 sessions of 4 turns
     python benchmarks/agent_turns.py --preset qwen2.5-0.5b --device cuda --dtype bfloat16 \
@@ -85,7 +87,7 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
+    ap.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b"])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--sessions", type=int, default=64, help="Concurrent agent sessions.")
@@ -107,7 +109,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine import write_model  # benchmarks/engine.py, beside this script
+    from engine import roofline, write_model  # benchmarks/engine.py, beside this script
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model(args.preset, args.dtype, Path(tmp) / "model")
@@ -116,6 +118,11 @@ def main() -> None:
         logger.info("prefix cache off: %s", off)
         on = bench(model_dir, args, vocab, cache=True)
         logger.info("prefix cache on:  %s", on)
+        steps, context = [], args.system_len + args.user_len
+        for _turn in range(args.turns):  # every session decodes its turn together
+            steps += [(args.sessions, args.sessions * (context + t + 1)) for t in range(args.turn_tokens)]
+            context += args.turn_tokens + args.obs_len
+        bound = roofline(model_dir, args.dtype, steps, on["generated"], on["seconds"])
     result = {
         "preset": args.preset,
         "device": args.device,
@@ -125,6 +132,7 @@ def main() -> None:
         "on": on,
         "speedup": round(on["tok_s"] / off["tok_s"], 3),
         "prefill_saved": round(1 - on["prefill_computed"] / max(on["prefill_submitted"], 1), 3),
+        **(bound if args.preset != "tiny" else {}),
     }
     print(f"prefix cache: {result['speedup']}x the throughput, hit rate {on.get('hit_rate', 0):.1%}")
     print(json.dumps(result), flush=True)

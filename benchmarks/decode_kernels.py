@@ -17,6 +17,12 @@ few context lengths; prints each configuration's microseconds and the fastest pe
 module's defaults:
 
     python benchmarks/decode_kernels.py --attention
+
+Paged attention (`--paged`): the engine's decode attention step (`attention_step.py`) over contiguous
+slots and over block tables of 16 and 64 tokens (blocks scattered at random), at 256 rows x 2k and 8k
+columns and 16 rows x 32k (split-K), with the bytes it reads against 4.8 TB/s:
+
+    python benchmarks/decode_kernels.py --paged
 """
 
 from __future__ import annotations
@@ -142,12 +148,58 @@ def attention_sweep(rows: int) -> None:
         print(json.dumps({"L": L, "default_us": default, "best": results[:6]}), flush=True)
 
 
+def paged_case(rows: int, L: int, g: torch.Generator) -> dict:
+    """One (rows, columns) case of `--paged`: microseconds over slots and over pages of 16 and 64."""
+    from relax.backends.inference.embedded.attention_step import attention_step
+
+    Hq, Hk, D, C = 14, 2, 64, L + 64
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    qk = torch.randn(rows, Hq + Hk, D, generator=g, **bf16)
+    v = torch.randn(rows, Hk, D, generator=g, **bf16)
+    cos, sin = torch.ones(rows, D, **bf16), torch.zeros(rows, D, **bf16)
+    lengths = torch.full((rows,), L, device="cuda", dtype=torch.int32)
+    idx = torch.arange(rows, device="cuda")
+    gbytes = 2 * rows * L * Hk * D * 2 / 1e9  # keys and values read
+    row = {"rows": rows, "columns": L, "kv_gb": round(gbytes, 3), "floor_us": round(gbytes / 4.8e3 * 1e6, 1)}
+    k_buf = torch.randn(rows, Hk, C, D, generator=g, **bf16)
+    v_buf = torch.randn_like(k_buf)
+    row["slots_us"] = round(
+        graph_time_us(
+            lambda kb=k_buf, vb=v_buf: attention_step(qk, v, cos, sin, kb, vb, idx, lengths, L, 0.125), 20
+        ),
+        1,
+    )
+    del k_buf, v_buf
+    for page in (16, 64):
+        nb = -(-C // page)
+        pool_k = torch.randn(rows * nb + 1, Hk, page, D, generator=g, **bf16)
+        pool_v = torch.randn_like(pool_k)
+        table = (torch.randperm(rows * nb, device="cuda", generator=g) + 1).view(rows, nb).to(torch.int32)
+
+        def paged(pk=pool_k, pv=pool_v, t=table) -> torch.Tensor:
+            return attention_step(qk, v, cos, sin, pk, pv, idx, lengths, L, 0.125, table=t)
+
+        row[f"page{page}_us"] = round(graph_time_us(paged, 20), 1)
+        del pool_k, pool_v
+    return row
+
+
+def paged_sweep() -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for rows, L in ((256, 2048), (256, 8192), (16, 32768)):
+        print(json.dumps(paged_case(rows, L, g)), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--attention", action="store_true", help="sweep the decode attention's settings")
+    ap.add_argument("--paged", action="store_true", help="the attention step over slots and block tables")
     args = ap.parse_args()
+    if args.paged:
+        paged_sweep()
+        return
     if args.attention:
         attention_sweep(args.rows)
         return

@@ -4,7 +4,12 @@ alternating; the ratio is of the median times. Not a test.
 
     python benchmarks/engine.py                      # CPU: tiny model, 64 requests, 8..128 new tokens
     python benchmarks/engine.py --preset qwen2.5-0.5b --device cuda --dtype bfloat16 \
-        --prompts 256 --prompt-len 128 --new-tokens 256
+        --prompts 256 --prompt-len 128 --new-tokens 256          # also 2048, 8192; qwen2.5-1.5b
+
+Every run prints its roofline (`roofline`): the bytes a decode step moves (the weights, once, and the KV
+cache each row reads) at the H200's 4.8 TB/s, and the FLOPs (2 per weight per token, plus attention) at
+its 989 TFLOP/s dense bf16, both datasheet figures, summed over the workload's steps; `roofline_pct` is the
+share of that bound the engine reached.
 
 `--itl` measures instead the inter-token latency of running decodes while long prompts arrive, chunked
 prefill off and on (`--chunked-prefill-size`, default the engine's), on one engine, alternating passes:
@@ -54,15 +59,54 @@ QWEN25_05B = dict(
 )
 
 
+QWEN25_15B = QWEN25_05B | dict(
+    hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, intermediate_size=8960
+)
+PRESETS = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-1.5b": QWEN25_15B}
+HBM_BYTES_S = 4.8e12  # H200 datasheet HBM3e bandwidth
+BF16_FLOPS = 989e12  # H200 SXM datasheet dense bf16
+
+
 def write_model(preset: str, dtype: str, out: Path) -> Path:
-    """A random-initialised checkpoint (no download): the tiny test model or Qwen2.5-0.5B's shape."""
+    """A random-initialised checkpoint (no download): the tiny test model or a Qwen2.5 shape (context
+    32,768, so outputs of 8k tokens fit)."""
     if preset == "tiny":
         from relax.models.tiny import write_tiny_model
 
         return write_tiny_model(out, family="qwen2", dtype=dtype)
     torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B)).to(getattr(torch, dtype)).save_pretrained(out)
+    Qwen2ForCausalLM(Qwen2Config(**PRESETS[preset])).to(getattr(torch, dtype)).save_pretrained(out)
     return out
+
+
+def decode_bound(model_dir: Path, dtype: str, steps: list[tuple[int, int]]) -> tuple[float, float]:
+    """Seconds the decode steps (rows, keys attended by all rows) take at best on an H200: each step reads
+    every weight once and each row its KV so far (bytes / 4.8 TB/s), and does 2 FLOPs per weight per row
+    plus 4 per attended key per query head dimension (FLOPs / 989 TFLOP/s dense bf16). Returns the
+    (bandwidth, FLOPs) bounds, each summed over the steps."""
+    cfg = Qwen2Config.from_pretrained(model_dir)
+    h, L, Hq = cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads
+    Hk, D = cfg.num_key_value_heads, h // cfg.num_attention_heads
+    per_layer = h * (Hq + 2 * Hk) * D + Hq * D * h + 3 * h * cfg.intermediate_size
+    params = L * per_layer + h * cfg.vocab_size  # the LM head (tied: the embedding, read once)
+    width = torch.finfo(getattr(torch, dtype)).bits // 8
+    kv_token = L * 2 * Hk * D * width
+    bw_s = sum(params * width + keys * kv_token for _, keys in steps) / HBM_BYTES_S
+    flop_s = sum(2 * params * rows + 4 * keys * L * Hq * D for rows, keys in steps) / BF16_FLOPS
+    return bw_s, flop_s
+
+
+def roofline(model_dir: Path, dtype: str, steps: list[tuple[int, int]], tokens: int, seconds: float) -> dict:
+    """The roofline of a workload's decode steps (`decode_bound`; prefill left out) against its time."""
+    bw_s, flop_s = decode_bound(model_dir, dtype, steps)
+    bound = max(bw_s, flop_s)
+    return {
+        "roofline": "decode steps only; H200 datasheet: 4.8 TB/s HBM, 989 TFLOP/s dense bf16",
+        "roofline_bandwidth_s": round(bw_s, 3),
+        "roofline_flops_s": round(flop_s, 3),
+        "roofline_tok_s": round(tokens / bound, 1),
+        "roofline_pct": round(100 * bound / seconds, 1),
+    }
 
 
 def sync(device: str) -> None:
@@ -210,6 +254,7 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         device=args.device,
         dtype=args.dtype,
         max_running=len(prompts),
+        max_total_tokens=args.max_total_tokens or len(prompts) * (len(prompts[0]) + max(lengths) + 16),
         seed=0,
         cuda_graphs=not args.no_cuda_graphs,
         overlap=False if args.no_overlap else None,
@@ -224,7 +269,7 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         engine.generate(prompts[0], {**params, "max_new_tokens": 4})  # warm-up
         futures = [engine.submit(p, {**params, "max_new_tokens": 2}) for p in prompts]
         [f.result() for f in futures]  # warm-up at full batch (CUDA graphs, allocator)
-        for timed in (False, True):  # the workload once untimed (as generate gets it), then timed
+        for timed in (True,) if args.cold else (False, True):  # once untimed (as generate gets it), timed
             engine.flush_cache()  # cold, as after the weight update that starts every RL step
             sync(args.device)
             if timeline is not None:
@@ -400,7 +445,7 @@ def bench_itl(model_dir: Path, args: argparse.Namespace, prompts, rng: random.Ra
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="tiny", choices=["tiny", "qwen2.5-0.5b"])
+    ap.add_argument("--preset", default="tiny", choices=["tiny", *PRESETS])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--prompts", type=int, default=64, help="Concurrent requests.")
@@ -417,6 +462,8 @@ def main() -> None:
         "--sdpa-decode", action="store_true", help="Decode attention by SDPA, not the Triton kernel."
     )
     ap.add_argument("--no-prefix-cache", action="store_true", help="Turn the engine's prefix cache off.")
+    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV budget (default: the workload's).")
+    ap.add_argument("--cold", action="store_true", help="Time the engine's first pass (no untimed one).")
     ap.add_argument("--no-overlap", action="store_true", help="Read each decode step back before the next.")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="Run the engine's decode steps eagerly.")
     ap.add_argument(
@@ -448,7 +495,7 @@ def main() -> None:
         vocab = (
             AutoModelForCausalLM.from_pretrained(model_dir).config.vocab_size
             if args.preset == "tiny"
-            else 151936
+            else PRESETS[args.preset]["vocab_size"]
         )
         prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.prompts)]
         result = {"preset": args.preset, "device": args.device, "dtype": args.dtype, "prompts": args.prompts}
@@ -473,6 +520,12 @@ def main() -> None:
             "engine_s": round(eng_s, 3),
             "engine_tok_s": round(total / eng_s, 1),
         }
+        if args.preset != "tiny":
+            steps = []
+            for t in range(max(lengths)):
+                rows = sum(1 for n in lengths if n > t)
+                steps.append((rows, rows * (args.prompt_len + t + 1)))
+            result |= roofline(model_dir, args.dtype, steps, total, eng_s)
         if hf_runs:
             hf_s = statistics.median(hf_runs)
             ratios = sorted(h / e for h, e in zip(hf_runs, eng_runs, strict=True))

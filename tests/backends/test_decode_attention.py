@@ -248,3 +248,68 @@ def test_engine_decode_step_agrees_with_torch_ops(tiny_model_dir):
     sdpa_logits = runner.decode(tokens, pos, int(pos.max()) + 1).float()
     assert F.cosine_similarity(triton_logits, sdpa_logits, dim=-1).min() > 0.999
     torch.testing.assert_close(triton_logits, sdpa_logits, atol=0.1, rtol=0.05)
+
+
+def _paged(k_buf, v_buf, rows, L, page, gen):
+    """The same cache contents in a paged layout: pools [NB, Hk, page, D], each row's blocks scattered
+    at random (block 0 unused), and the block table."""
+    S, Hk, C, D = k_buf.shape
+    nb = -(-C // page)
+    perm = torch.randperm(S * nb, generator=gen, device="cuda") + 1  # block 0: the engine's trash block
+    table = perm.view(S, nb).to(torch.int32)
+    k_pool = torch.zeros(S * nb + 1, Hk, page, D, dtype=k_buf.dtype, device="cuda")
+    v_pool = torch.zeros_like(k_pool)
+    pad = nb * page - C
+    k_src = F.pad(k_buf, (0, 0, 0, pad)).view(S, Hk, nb, page, D).transpose(1, 2)
+    v_src = F.pad(v_buf, (0, 0, 0, pad)).view(S, Hk, nb, page, D).transpose(1, 2)
+    k_pool[table.long()] = k_src
+    v_pool[table.long()] = v_src
+    return k_pool, v_pool, table
+
+
+@gpu
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("N,Hq,Hk,D,L", [(256, 14, 2, 64, 384), (3, 14, 2, 64, 4000), (16, 32, 8, 128, 257)])
+def test_paged_attention_step_matches_the_contiguous_reference(N, Hq, Hk, D, L, page):
+    """Block tables: the kernel reads each row's columns from scattered blocks (split-K for the long
+    rows of a small batch) and writes the new column into its block, as over a contiguous slot."""
+    gen = torch.Generator(device="cuda").manual_seed(N + L + page)
+    qk, v, cos, sin, k_buf, v_buf, rows, lengths, x, b = _step_case(
+        N, Hq, Hk, D, L, torch.bfloat16, True, True, gen
+    )
+    want, k_new, v_new = _step_reference(qk, v, cos, sin, k_buf, v_buf, rows, lengths, L, D**-0.5, x, b, 1e-6)
+    k_pool, v_pool, table = _paged(k_buf, v_buf, rows, L, page, gen)
+    got = attention_step(
+        qk, v, cos, sin, k_pool, v_pool, rows, lengths, L, D**-0.5, x=x, bias=b, eps=1e-6, table=table
+    )
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+    col = lengths - 1
+    blk = table[rows, col // page].long()
+    torch.testing.assert_close(k_pool[blk, :, col % page].float(), k_new, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(v_pool[blk, :, col % page].float(), v_new, atol=3e-2, rtol=2e-2)
+    assert not k_pool[0].any()  # block 0 is never written
+
+
+@gpu
+def test_paged_prefill_rope_writes_the_blocks_of_each_row():
+    N, T, Hq, Hk, D, page = 3, 37, 14, 2, 64, 16
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    qkv = torch.randn(N, T, (Hq + 2 * Hk) * D, generator=gen, device="cuda").to(torch.bfloat16)
+    qk = qkv[..., : (Hq + Hk) * D].unflatten(-1, (Hq + Hk, D))
+    v = qkv[..., (Hq + Hk) * D :].unflatten(-1, (Hk, D))
+    angle = torch.rand(N, T, D // 2, generator=gen, device="cuda") * 6
+    cos = torch.cat([angle.cos(), angle.cos()], -1).to(torch.bfloat16)
+    sin = torch.cat([-angle.sin(), angle.sin()], -1).to(torch.bfloat16)
+    want = _rotary(qk.float(), cos.float()[:, :, None], sin.float()[:, :, None])
+    k_pool = torch.zeros(20, Hk, page, D, dtype=torch.bfloat16, device="cuda")
+    v_pool = torch.zeros_like(k_pool)
+    table = torch.zeros(6, 4, dtype=torch.int32, device="cuda")
+    rows = torch.tensor([4, 0, 2], device="cuda")
+    table[rows] = torch.arange(1, 13, device="cuda", dtype=torch.int32).flip(0).view(3, 4)[:, :]
+    rope_prefill(qk, v, cos, sin, k_pool, v_pool, rows, table)
+    for n in range(N):
+        blocks = table[rows[n]].long()
+        k_row = k_pool[blocks].transpose(0, 1).reshape(Hk, 4 * page, D)[:, :T]
+        v_row = v_pool[blocks].transpose(0, 1).reshape(Hk, 4 * page, D)[:, :T]
+        torch.testing.assert_close(k_row.float(), want[n, :, Hq:].transpose(0, 1), atol=2e-2, rtol=1e-2)
+        assert torch.equal(v_row, v[n].transpose(0, 1))

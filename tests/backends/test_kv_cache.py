@@ -1,47 +1,114 @@
-"""The slot KV cache: growing keeps the contents, `copy` and `move` carry every layer's keys and values
-for the columns asked and nothing else, and the per-layer buffers stay views of one store."""
+"""The paged KV cache (`paged_kv_cache.py`): rows hold blocks for the tokens they hold, a row move hands
+its blocks over without copying KV, samples share full blocks by reference and copy the partial last one,
+a full pool preempts instead of failing (the output identical, greedy and seeded), and block tables with
+shared prefix blocks give the same tokens as no cache."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from relax.backends.inference.embedded.kv_cache import SlotKVCache
+from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.backends.inference.embedded.paged_kv_cache import BLOCK, PagedKVCache
 
 
-def _filled(layers: int = 3, slots: int = 6, length: int = 10) -> SlotKVCache:
-    cache = SlotKVCache(layers, 2, 4, torch.float32, torch.device("cpu"))
-    cache.reserve(slots, length, slots)
-    cache.store.copy_(torch.randn(cache.store.shape))
-    return cache
+def _cache(max_tokens: int = 64 * BLOCK) -> PagedKVCache:
+    return PagedKVCache(
+        3, 2, 4, torch.float32, torch.device("cpu"), max_context=16 * BLOCK, max_tokens=max_tokens
+    )
 
 
-def test_buffers_are_views_of_one_store_and_growth_keeps_them():
-    cache = _filled()
-    assert all(k.data_ptr() == cache.store[0, i].data_ptr() for i, k in enumerate(cache.keys))
-    before, generation = cache.store.clone(), cache.generation
-    cache.reserve(cache.slots + 1, cache.capacity + 1, 64)
-    assert cache.generation == generation + 1
-    S, C = before.shape[2], before.shape[4]
-    assert torch.equal(cache.store[:, :, :S, :, :C], before)
-    assert cache.values[2].data_ptr() == cache.store[1, 2].data_ptr()
+def test_rows_hold_the_blocks_of_their_tokens_and_block_zero_is_never_handed_out():
+    kv = _cache()
+    assert kv.extend(0, 1) and len(kv.rows[0]) == 1
+    assert kv.extend(0, BLOCK) and len(kv.rows[0]) == 1  # still one block
+    assert kv.extend(0, BLOCK + 1) and len(kv.rows[0]) == 2
+    assert kv.extend(1, 3 * BLOCK) and len(kv.rows[1]) == 3
+    assert 0 not in kv.rows[0] + kv.rows[1] and kv.used_blocks() == 5
+    kv.sync()
+    assert kv.table[1, :3].tolist() == kv.rows[1] and kv.table[1, 3:].eq(0).all()
+    kv.free_row(1)
+    kv.sync()
+    assert kv.used_blocks() == 2 and kv.table[1].eq(0).all()  # cleared entries reach the device table
 
 
-def test_move_carries_every_layer_for_the_columns_asked():
-    cache = _filled()
-    before = cache.store.clone()
-    cache.move([4, 5], [0, 2], length=7)
-    want = before.clone()
-    want[:, :, [0, 2], :, :7] = before[:, :, [4, 5], :, :7]
-    assert torch.equal(cache.store, want)
-    for layer in range(3):  # as the model reads them
-        assert torch.equal(cache.keys[layer][0, :, :7], before[0, layer, 4, :, :7])
-        assert torch.equal(cache.values[layer][2, :, :7], before[1, layer, 5, :, :7])
+def test_move_hands_blocks_over_and_copy_shares_full_blocks():
+    kv = _cache()
+    kv.extend(4, 2 * BLOCK + 5)
+    kv.store.copy_(torch.randn(kv.store.shape))
+    before = kv.store.clone()
+    blocks = list(kv.rows[4])
+    kv.move([4], [0])
+    assert kv.rows[0] == blocks and kv.rows[4] == [] and torch.equal(kv.store, before)  # no KV copied
+    kv.copy(0, [1, 2], 2 * BLOCK + 5)
+    for r in (1, 2):  # full blocks shared, the partial last one copied
+        assert kv.rows[r][:2] == blocks[:2] and kv.rows[r][2] != blocks[2]
+        assert torch.equal(kv.store[:, :, kv.rows[r][2]], before[:, :, blocks[2]])
+    assert kv.refs[blocks[0]] == 3 and kv.refs[blocks[2]] == 1
+    for r in (0, 1, 2):
+        kv.free_row(r)
+    assert kv.used_blocks() == 0
 
 
-def test_copy_fans_one_slot_out():
-    cache = _filled()
-    before = cache.store.clone()
-    cache.copy(1, [3, 4, 5], length=5)
-    want = before.clone()
-    want[:, :, 3:6, :, :5] = before[:, :, 1:2, :, :5]
-    assert torch.equal(cache.store, want)
+def test_the_budget_bounds_the_pool_and_a_forced_row_grows_past_it():
+    kv = _cache(max_tokens=4 * BLOCK)
+    assert kv.extend(0, 4 * BLOCK)
+    assert not kv.extend(1, 1) and kv.rows[1] == []  # nothing taken when it cannot
+    assert kv.extend(1, 1, force=True) and kv.used_blocks() == 5
+
+
+def test_prefill_and_decode_write_blocks_and_attend_as_a_contiguous_cache():
+    """The torch path (CPU): what `update` returns equals the keys written, column by column."""
+    kv = _cache()
+    kv.extend(0, 40)
+    kv.extend(1, 20)
+    k = torch.randn(2, 2, 20, 4)
+    rows = torch.tensor([1, 0])
+    kv.for_prefill(rows)
+    kv.update(k, k + 1, 0)
+    pos = torch.tensor([20, 19])  # row 1 writes column 20 (a new block for it), row 0 column 19
+    kv.extend(1, 21)
+    new = torch.randn(2, 2, 1, 4)
+    kv.for_decode(pos, 21, rows)
+    keys, values = kv.update(new, new, 0)
+    assert keys.shape == (2, 2, 21, 4)
+    assert torch.equal(keys[0, :, :20], k[0]) and torch.equal(keys[0, :, 20], new[0, :, 0])
+    assert torch.equal(keys[1, :, :19], k[1, :, :19]) and torch.equal(keys[1, :, 19], new[1, :, 0])
+    assert torch.equal(values[0, :, :20], k[0] + 1)
+
+
+GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+SEEDED = {"max_new_tokens": 40, "temperature": 1.0, "sampling_seed": 11, "ignore_eos": True}
+
+
+def _outputs(model_dir, overlap: bool, device: str = "cpu", **kw) -> tuple[list[list[int]], int]:
+    e = EmbeddedEngine(str(model_dir), device=device, dtype="float32", seed=0, overlap=overlap, **kw).start()
+    try:
+        e.pause()  # all admitted together, so the pool runs out while they decode
+        prompts = [[i + 1] * (BLOCK + 3 * i) for i in range(6)]
+        # CUDA samples a batch of sampled rows with one fused kernel (a seed drawn per row), a batch with a
+        # greedy row by a draw over the vocabulary: a seeded row's stream there depends on whether greedy
+        # rows share its batch, so on CUDA every row is sampled
+        mixed = device == "cpu"
+        futures = [e.submit(p, GREEDY if i % 2 and mixed else SEEDED) for i, p in enumerate(prompts)]
+        futures.append(e.submit([7, 8, 9], {**SEEDED, "n": 3}))
+        e.resume()
+        outs = [r.output_ids for f in futures for r in f.result(timeout=300)]
+        return outs, e.scheduler.preempted
+    finally:
+        e.shutdown()
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))],
+)
+def test_a_full_kv_cache_preempts_and_the_output_is_identical(tiny_model_dir, device):
+    """Nine sequences of up to 80 tokens in a pool of 12 blocks (192 tokens): rows are preempted and
+    prefilled again; every request is answered, each with the tokens a roomy engine gives."""
+    want, none = _outputs(tiny_model_dir, overlap=False, device=device, max_total_tokens=1 << 14)
+    assert none == 0
+    for overlap in (False, True):
+        got, preempted = _outputs(tiny_model_dir, overlap, device, max_total_tokens=12 * BLOCK)
+        assert preempted > 0
+        assert got == want

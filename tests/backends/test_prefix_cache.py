@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.backends.inference.embedded.paged_kv_cache import PagedKVCache
 from relax.backends.inference.embedded.prefix_cache import BLOCK, PrefixCache
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
@@ -75,10 +76,11 @@ def test_a_shared_prefix_is_not_prefilled_again(tiny_model_dir):
         before = e.scheduler.prefill_computed
         e.generate(second, GREEDY)
         assert e.scheduler.prefill_computed - before == len(second) - (len(second) - 1) // BLOCK * BLOCK
-        s = e.scheduler  # the pool's allocation stays within the batch's own KV allocation
-        assert s.prefix.pool.shape[3] * BLOCK <= max(s.cache.slots * s.cache.capacity, 64 * BLOCK)
+        s = e.scheduler  # nothing runs: every block in use is the cache's, one reference each
+        assert s.cache.used_blocks() * BLOCK == s.prefix.tokens > 0
+        assert s.cache.cache_only == s.cache.used_blocks()
         e.pause(mode="retract")  # drops the KV cache: the prefix cache's memory too
-        assert s.prefix.pool is None and s.prefix.tokens == 0
+        assert s.cache.store is None and s.prefix.tokens == 0
         e.resume()
         assert e.generate(second, GREEDY)[0].output_ids
     finally:
@@ -186,16 +188,16 @@ def test_a_small_budget_evicts_the_cache_and_answers_every_request(tiny_model_di
             held = []
             s, step = e.scheduler, e.scheduler.step
 
-            def counted(s=s, step=step, held=held) -> int:  # after each step: cache + reservations
+            def counted(s=s, step=step, held=held) -> int:  # after each step: blocks of rows and cache
                 n = step()
-                held.append((s.prefix.tokens if s.prefix else 0) + s.reserved)
+                held.append(s.reserved)
                 return n
 
             s.step = counted
             futures = [e.submit(p, {**GREEDY, "max_new_tokens": 16}) for p in prompts]
             results[cache] = [f.result(timeout=120)[0].output_ids for f in futures]
+            assert max(held) <= budget + BLOCK  # the budget, rounded up to a block
             if cache:
-                assert max(held) <= budget
                 assert e.scheduler.prefill_computed < e.scheduler.prefill_submitted  # it did serve hits
                 assert e.scheduler.prefix.evicted > 0
         finally:
@@ -204,21 +206,30 @@ def test_a_small_budget_evicts_the_cache_and_answers_every_request(tiny_model_di
 
 
 def test_eviction_takes_least_recent_leaves_and_keeps_parents_of_cached_blocks():
-    cache = PrefixCache(1, 1, 2, torch.float32, torch.device("cpu"), max_tokens=64 * BLOCK)
-    store = torch.randn(2, 1, 1, 1, 8 * BLOCK, 2)  # one slot of a SlotKVCache store
+    kv = PagedKVCache(1, 1, 2, torch.float32, torch.device("cpu"), max_context=8 * BLOCK)
+    cache = PrefixCache(kv)
     a = list(range(4 * BLOCK))
     b = a[: 2 * BLOCK] + [999] * (2 * BLOCK)  # shares a's first two blocks
-    assert cache.insert(a, 0, room=10**6) == 4
-    assert cache.insert(b, 0, room=10**6) == 2
-    cache.write(store)
+    kv.extend(0, len(a))
+    assert cache.insert(a, kv.rows[0]) == 4
+    kv.assign(1, cache.match(b, 2 * BLOCK))  # b continues a's first two blocks, shared
+    assert kv.rows[1] == kv.rows[0][:2] and kv.refs[kv.rows[0][0]] == 3  # two rows and the cache
+    kv.extend(1, len(b))
+    assert cache.insert(b, kv.rows[1]) == 2
     assert cache.tokens == 6 * BLOCK
+    kv.free_row(0)
+    kv.free_row(1)
+    assert kv.cache_only == 6 and kv.used_blocks() == 6  # only the cache holds them now
     assert len(cache.match(a, len(a) - 1)) == 3  # its last block holds the last token: not matched
     cache.evict_to(5 * BLOCK)  # a's last block, untouched since a's insert, is the least recent leaf
     assert len(cache.match(a, len(a))) == 3 and len(cache.match(b, len(b))) == 4
+    assert kv.used_blocks() == 5  # the evicted block went back to the pool
     cache.evict_to(2 * BLOCK)  # leaves go first, the shared parents last
     assert len(cache.match(a, len(a))) == 2 and len(cache.match(b, len(b))) == 2
-    out = torch.zeros_like(store)
-    cache.load([(cache.match(a, len(a)), 0)], out)
-    assert torch.equal(out[..., : 2 * BLOCK, :], store[..., : 2 * BLOCK, :])
+    kv.assign(2, cache.match(a, len(a)))  # a row holds the two blocks left: they cannot be evicted
+    assert cache.evict(10) == 0 and cache.tokens == 2 * BLOCK
     cache.clear()
     assert cache.tokens == 0 and cache.match(a, len(a)) == []
+    assert kv.used_blocks() == 2  # the row keeps them
+    kv.free_row(2)
+    assert kv.used_blocks() == 0 and kv.cache_only == 0

@@ -9,6 +9,12 @@ column straight from registers, the earlier ones from the cache, in tiles of `BL
 softmax (the attention loop of `decode_attention.py`, whose merge kernel joins the splits of a short
 batch). A program takes one (row, kv head, split); only the split that holds the new column writes it.
 
+Paged (`table` given, `paged_kv_cache.py`): column n of a row lives in block table[row, n // PAGE] at
+offset n % PAGE of pools [blocks, H_kv, PAGE, D]; a tile of `BLOCK_N` columns reads its PAGE-token
+pieces from wherever their blocks are (each piece contiguous), so a tile costs the same bytes as over a
+contiguous slot. The splits (flash-decoding) keep the GPU busy when the batch is small and rows long.
+Without a table the buffers are slots [S, H_kv, C, D] (a row's columns contiguous).
+
 Why: the step had been four kernels a layer here (RMSNorm, rotary with the cache write, attention,
 and the query heads' round trip through memory between them). On an H200 at 256 rows each cost 2.5-3.5
 us more than its work, a sixth of a layer's time (`benchmarks/engine.py --profile`). bf16 and fp16 only
@@ -35,11 +41,11 @@ def _kernel() -> Any:
 
     @triton.jit(do_not_specialize=["cols_per_split"])
     def step(
-        QK, V, X, Bias, Cos, Sin, K_buf, V_buf, Rows, Lens, Out, Part, Stats,
-        s_qk_n, s_qk_h, s_v_n, s_v_h, s_x, s_cs, s_kb_s, s_kb_h, s_kb_c, s_vb_s, s_vb_h, s_vb_c,
+        QK, V, X, Bias, Cos, Sin, K_buf, V_buf, Table, Rows, Lens, Out, Part, Stats,
+        s_qk_n, s_qk_h, s_v_n, s_v_h, s_x, s_cs, s_kb_s, s_kb_h, s_kb_c, s_vb_s, s_vb_h, s_vb_c, s_t,
         R, HQ, HK, H, eps, scale_log2, cols_per_split,
         R_PAD: tl.constexpr, D: tl.constexpr, H_PAD: tl.constexpr, BLOCK: tl.constexpr,
-        SPLIT: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr,
+        SPLIT: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, PAGE: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -83,11 +89,17 @@ def _kernel() -> Any:
         q = (q * cos[None, :] + q_sw * sin[None, :]).to(dt)
         k = (k * cos + k_sw * sin).to(dt)
         v_new = v_new.to(dt)
-        k_base = K_buf + slot * s_kb_s + h * s_kb_h
-        v_base = V_buf + slot * s_vb_s + h * s_vb_h
+        if PAGE > 0:  # paged: the new column's block from the row's table
+            t_row = Table + slot.to(tl.int64) * s_t
+            blk = tl.load(t_row + pos // PAGE).to(tl.int64)
+            k_new_at = K_buf + blk * s_kb_s + h * s_kb_h + (pos % PAGE) * s_kb_c
+            v_new_at = V_buf + blk * s_vb_s + h * s_vb_h + (pos % PAGE) * s_vb_c
+        else:
+            k_new_at = K_buf + slot * s_kb_s + h * s_kb_h + pos * s_kb_c
+            v_new_at = V_buf + slot * s_vb_s + h * s_vb_h + pos * s_vb_c
         writes = d < tl.where(owner, D, 0)  # all of the head in the owner split, none elsewhere
-        tl.store(k_base + pos * s_kb_c + d, k, mask=writes)
-        tl.store(v_base + pos * s_vb_c + d, v_new, mask=writes)
+        tl.store(k_new_at + d, k, mask=writes)
+        tl.store(v_new_at + d, v_new, mask=writes)
 
         m_i = tl.full([R_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([R_PAD], tl.float32)
@@ -95,14 +107,21 @@ def _kernel() -> Any:
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             valid = n < end
-            kt = tl.load(k_base + n[:, None] * s_kb_c + d[None, :], mask=valid[:, None], other=0.0)
+            if PAGE > 0:
+                blk_n = tl.load(t_row + n // PAGE, mask=valid, other=0).to(tl.int64)
+                k_at = K_buf + h * s_kb_h + blk_n * s_kb_s + (n % PAGE) * s_kb_c
+                v_at = V_buf + h * s_vb_h + blk_n * s_vb_s + (n % PAGE) * s_vb_c
+            else:
+                k_at = K_buf + slot * s_kb_s + h * s_kb_h + n * s_kb_c
+                v_at = V_buf + slot * s_vb_s + h * s_vb_h + n * s_vb_c
+            kt = tl.load(k_at[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             sc = tl.dot(q, tl.trans(kt)) * scale_log2  # log2 domain
             sc = tl.where(valid[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(sc - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            vt = tl.load(v_base + n[:, None] * s_vb_c + d[None, :], mask=valid[:, None], other=0.0)
+            vt = tl.load(v_at[:, None] + d[None, :], mask=valid[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
             m_i = m_new
         if owner:  # the new column, from registers
@@ -143,28 +162,32 @@ def attention_step(
     x: Tensor | None = None,
     bias: Tensor | None = None,
     eps: float = 0.0,
+    table: Tensor | None = None,
 ) -> Tensor:
     """One decode token per row: rotate, cache and attend. Returns the attention output [N, Hq * D].
 
     qk [N, Hq + Hk, D] (query heads, then key heads) and v [N, Hk, D], as projected; with `x` [N, hidden]
     (the layer's input, RMSNorm's weight folded into the projection) they are first scaled by
     rsqrt(mean(x^2) + eps) per row, then `bias` [(Hq + 2 Hk) * D] (the fused q/k/v bias) is added.
-    cos and sin_signed [N, D] (see `lean_decoder._rotary`); k_buf and v_buf [S, Hk, C, D]. Row n lives in
-    slot rows_N[n], writes column lengths_N[n] - 1 and attends over columns 0..lengths_N[n] - 1, all below
+    cos and sin_signed [N, D] (see `lean_decoder._rotary`); k_buf and v_buf [S, Hk, C, D] slots, or with
+    `table` [rows, width] int32 pools of blocks [NB, Hk, PAGE, D]. Row n lives in slot (table row)
+    rows_N[n], writes column lengths_N[n] - 1 and attends over columns 0..lengths_N[n] - 1, all below
     `columns` (which sets the splits). Every tensor's last dimension is contiguous."""
     N, Hk = qk.shape[0], v.shape[1]
     if cos.stride() != sin_signed.stride():
         cos, sin_signed = cos.contiguous(), sin_signed.contiguous()
     key = (qk.dtype, qk.shape[1:], qk.stride(), v.stride(), k_buf.shape, x is None, bias is None, qk.device)
+    key += (None if table is None else table.shape,)
     if key not in _warmed and not (qk.is_cuda and torch.cuda.is_current_stream_capturing()):
         _warmed.add(key)  # compile both variants now, never inside a graph capture; their cache writes
         for splits in (1, 2):  # are the ones the call below makes again
             _launch(
-                qk, v, cos, sin_signed, k_buf, v_buf, rows_N, lengths_N, columns, scale, x, bias, eps, splits
-            )
+                qk, v, cos, sin_signed, k_buf, v_buf, rows_N, lengths_N, columns, scale, x, bias, eps,
+                splits, table,
+            )  # fmt: skip
     splits = da.splits_for(N, Hk, columns)
     return _launch(
-        qk, v, cos, sin_signed, k_buf, v_buf, rows_N, lengths_N, columns, scale, x, bias, eps, splits
+        qk, v, cos, sin_signed, k_buf, v_buf, rows_N, lengths_N, columns, scale, x, bias, eps, splits, table
     )
 
 
@@ -183,6 +206,7 @@ def _launch(
     bias: Tensor | None,
     eps: float,
     splits: int,
+    table: Tensor | None = None,
 ) -> Tensor:
     N, H, D = qk.shape
     Hk = v.shape[1]
@@ -201,13 +225,15 @@ def _launch(
     strides = (
         qk.stride(0), qk.stride(1), v.stride(0), v.stride(1), x.stride(0) if x is not None else 0,
         cos.stride(0), *k_buf.stride()[:3], *v_buf.stride()[:3],
+        table.stride(0) if table is not None else 0,
     )  # fmt: skip
     _kernel()[(N, Hk, splits)](
         qk, v, x if x is not None else qk, bias if bias is not None else qk, cos, sin_signed,
-        k_buf, v_buf, rows_N, lengths_N, out, partial, stats, *strides,
-        R, Hq, Hk, hidden, eps, scale * math.log2(math.e), cols,
+        k_buf, v_buf, table if table is not None else rows_N, rows_N, lengths_N, out, partial, stats,
+        *strides, R, Hq, Hk, hidden, eps, scale * math.log2(math.e), cols,
         R_PAD=R_PAD, D=D, H_PAD=1 << (hidden - 1).bit_length(), BLOCK=block, SPLIT=splits > 1,
-        NORM=x is not None, BIAS=bias is not None, num_warps=da.WARPS, num_stages=da.STAGES,
+        NORM=x is not None, BIAS=bias is not None, PAGE=k_buf.shape[2] if table is not None else 0,
+        num_warps=da.WARPS, num_stages=da.STAGES,
     )  # fmt: skip
     if splits > 1:
         merge = da._kernels()[1]

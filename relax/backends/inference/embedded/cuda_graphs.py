@@ -3,10 +3,11 @@ static input buffers, so a step costs one launch on the host instead of ~25 per 
 
 A step of B rows attending over L cache columns runs the graph of (B', L'): B' = B rounded up to a batch
 bucket, L' = L rounded up to a length bucket (`bucket`: at most 4 sizes per doubling, so the padding
-wastes at most a quarter). Padding rows decode token 0 at column 0 of a free slot (slots >= B hold no
-running sequence; a prefill overwrites them before use) and their logits are dropped; padding columns are
-masked out. The graphs hold the cache's buffers, so they are dropped when the cache reallocates
-(`SlotKVCache.generation`), and the model's weights, which are updated in place.
+wastes at most a quarter). Padding rows decode token 0 at column 0 of the cache's trash row, whose table
+entries all point to block 0, which no sequence holds, and their logits are dropped; padding columns are
+masked out. The block table is a graph input like the tokens: its contents change between replays, its
+address does not. The graphs hold the cache's pool and table, so they are dropped when the cache
+reallocates (`PagedKVCache.generation`), and the model's weights, which are updated in place.
 
 Capture happens on first use of a bucket, on one side stream (the first capture is preceded by one eager
 run there, so lazy initialisation stays out of the graphs). That eager run is the step's real inputs: a
@@ -39,40 +40,49 @@ def bucket(n: int, smallest: int) -> int:
 class DecodeGraphs:
     def __init__(self, forward: DecodeForward, cache, device: torch.device, max_batch: int = 512) -> None:
         self.forward = forward
-        self.cache = cache  # SlotKVCache
+        self.cache = cache  # PagedKVCache
         self.device = device
         self.max_batch = max_batch  # larger batches run eagerly
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.generation = -1  # cache generation the graphs were captured on
         self.pool = None
-        self.tokens = self.pos = self.rows = torch.empty(0)
+        self.tokens = self.pos = self.rows = self.arange = torch.empty(0)
+        self._padded = 0  # rows below this may point to the trash row (the last padded replay)
         self.stream: torch.cuda.Stream | None = None  # captures run here (one stream: one cuBLAS workspace)
 
     def supports(self, batch: int) -> bool:
         return batch <= self.max_batch
 
     def _reset(self) -> None:
-        """Drop the graphs (the cache was reallocated) and size the static inputs to the cache's slots."""
+        """Drop the graphs (the cache was reallocated) and size the static inputs to the cache's rows."""
         self.graphs.clear()
         self.pool = None
-        S = self.cache.slots
+        S = self.cache.trash_row
         self.tokens = torch.zeros(S, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(S, dtype=torch.long, device=self.device)
         self.rows = torch.arange(S, device=self.device)
+        self.arange = torch.arange(S, device=self.device)
+        self._padded = 0
         self.generation = self.cache.generation
 
     def run(self, tokens_B: Tensor, pos_B: Tensor, length: int) -> Tensor:
         """The decode step of rows 0..B-1 (token b at column pos_B[b], `length` columns); logits [B, V]."""
+        self.cache.sync()
         if self.generation != self.cache.generation:
             self._reset()
         B = tokens_B.shape[0]
-        Bp = min(bucket(B, 8), self.cache.slots)
+        Bp = min(bucket(B, 8), self.cache.trash_row)
         Lp = min(bucket(length, 128), self.cache.capacity)
         self.tokens[:B].copy_(tokens_B, non_blocking=True)
         self.pos[:B].copy_(pos_B, non_blocking=True)
+        if self._padded > 0:  # the last replay's padding rows pointed to the trash row
+            self.rows[: self._padded].copy_(self.arange[: self._padded])
+            self._padded = 0
         if Bp > B:
             self.tokens[B:Bp].zero_()
             self.pos[B:Bp].zero_()
+            self.rows[B:Bp].fill_(self.cache.trash_row)  # writes go to block 0, held by no sequence
+            self._padded = Bp
         key = (Bp, Lp)
         if key not in self.graphs:
             self.graphs[key] = self._capture(Bp, Lp)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -25,6 +26,7 @@ class DecodeBatch:
     delta_B: Tensor | None  # rotary position minus cache column (multimodal models), else None
     sampler: BatchSampler  # the rows' sampling parameters
     special: LogitRows | None = None  # rows with grammars, logit biases or top log-probs; None: none
+    cols: np.ndarray | None = None  # pos_B as the host knows it: the KV block each row needs next
 
 
 @dataclass

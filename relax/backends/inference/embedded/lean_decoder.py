@@ -244,8 +244,8 @@ class LeanDecoder:
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
         scale = self.layers[layer]["scaling"]
         if mask is None and self.triton_decode:  # a prefill on CUDA: rotary and cache write in one kernel
-            k_buf, v_buf, rows_N = cache.prefill_buffers(layer)
-            rope_prefill(qk, v, cos[:, :, 0], sin_signed[:, :, 0], k_buf, v_buf, rows_N)  # qk in place
+            k_buf, v_buf, table, rows_N = cache.prefill_buffers(layer)
+            rope_prefill(qk, v, cos[:, :, 0], sin_signed[:, :, 0], k_buf, v_buf, rows_N, table)  # qk in place
             q, k = qk.split([Hq, Hk], dim=2)
             k_all, v_all = k.transpose(1, 2), v.transpose(1, 2)
         else:
@@ -289,11 +289,11 @@ class LeanDecoder:
         and attention over each row's `lengths_N` columns. qk [N, Hq + Hk, D], v [N, Hk, D]; returns
         [N, Hq * D]."""
         w = self.layers[layer]
-        k_buf, v_buf, rows_N, _, L = cache.decode_buffers(layer)
+        k_buf, v_buf, table, rows_N, _, L = cache.decode_buffers(layer)
         fold = w["fold1"]
         return attention_step(
             qk, v, cos[:, 0, 0], sin_signed[:, 0, 0], k_buf, v_buf, rows_N, lengths_N, L, w["scaling"],
-            x=x if fold else None, bias=w["qkv_b"] if fold else None, eps=self.eps,
+            x=x if fold else None, bias=w["qkv_b"] if fold else None, eps=self.eps, table=table,
         )  # fmt: skip
 
     def _mlp_block(self, h: Tensor, o: Tensor, w: dict[str, Any], fused: bool = False) -> Tensor:

@@ -1,5 +1,5 @@
 """The model runner: a Hugging Face causal LM on one device, its tokenizer (optional), batched prefill
-and decode over a `SlotKVCache`, and in-place weight loading with a weight version.
+and decode over a `PagedKVCache`, and in-place weight loading with a weight version.
 
 The runner calls the model's decoder body and its `lm_head` itself (logits only where a token is
 sampled) and hands the decoder a ready 4-D mask, so the model builds no mask and no cache of its own.
@@ -32,8 +32,8 @@ from torch.nn.attention.bias import causal_lower_right
 from transformers import AutoTokenizer
 
 from relax.backends.inference.embedded.cuda_graphs import DecodeGraphs
-from relax.backends.inference.embedded.kv_cache import SlotKVCache
 from relax.backends.inference.embedded.lean_decoder import LeanDecoder
+from relax.backends.inference.embedded.paged_kv_cache import PagedKVCache
 from relax.engine_api.protocol import version_to_engine
 from relax.models import multimodal_model as mmm
 
@@ -100,12 +100,13 @@ class ModelRunner:
         self.eos_token_ids = self._eos_ids()
         heads = int(text_cfg.num_attention_heads)
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
-        self.cache = SlotKVCache(
+        self.cache = PagedKVCache(
             int(text_cfg.num_hidden_layers),
             int(getattr(text_cfg, "num_key_value_heads", None) or heads),
             int(head_dim),
             self.dtype,
             self.device,
+            max_context=self.max_context_len,
         )
         # the additive mask's two values, 0-dim tensors of the model's dtype (see `_mask`)
         self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
@@ -148,7 +149,12 @@ class ModelRunner:
         return sdpa_kernel(SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _hidden(
-        self, ids: Tensor, mask: Tensor | None, pos: Tensor, cache: SlotKVCache, lengths: Tensor | None = None
+        self,
+        ids: Tensor,
+        mask: Tensor | None,
+        pos: Tensor,
+        cache: PagedKVCache,
+        lengths: Tensor | None = None,
     ) -> Tensor:
         with self._attention_kernels():
             if self.lean is not None:
@@ -164,8 +170,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> Tensor:
-        """Right-padded batched prefill of prompt u into cache slot slots[u]; returns the logits of each
-        prompt's last token [U, V]."""
+        """Right-padded batched prefill of prompt u into table row slots[u] of the KV cache (whose blocks
+        must hold it); returns the logits of each prompt's last token [U, V]."""
         T = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), T, dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -184,9 +190,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill_after(self, suffixes: list[list[int]], slots: list[int], starts: list[int]) -> Tensor:
-        """Prefill of prompts whose first starts[u] tokens already have their KV in slot slots[u] (a
-        prefix-cache hit): suffix u goes to columns starts[u].. and attends over the slot's columns before
-        it and causally over itself. Returns the logits of each suffix's last token [U, V].
+        """Prefill of prompts whose first starts[u] tokens already have their KV in table row slots[u] (a
+        prefix-cache hit, earlier chunks): suffix u goes to columns starts[u].. and attends over the row's
+        columns before it and causally over itself. Returns the logits of each suffix's last token [U, V].
 
         It takes the masked attention path (the slot's earlier columns are keys the suffix did not
         compute), not the plain causal prefill of `prefill`. A lone suffix of the lean decoder (a chunk of

@@ -1,11 +1,11 @@
 """Continuous batching: the waiting queue, the running batch and its KV cache, one step at a time.
 
 Each `step()` first admits waiting requests (one right-padded prefill for all of them, written straight
-into their cache slots; the n samples of a prompt share its prefill, the slot copied n - 1 times; each
-samples its first token from the prefill's logits), then runs one batched decode step over every running
-sequence. Running sequence b lives in cache slot b (see `kv_cache.py`); a sequence that finishes leaves
-the batch at once and a running row from the end of the batch moves into its slot (all the moves of a
-step in one batched copy per cache buffer), so the batch stays dense and nothing is copied per step.
+into their KV blocks; the n samples of a prompt share its prefill and its full blocks, each samples its
+first token from the prefill's logits), then runs one batched decode step over every running sequence.
+Running sequence b owns block-table row b (see `paged_kv_cache.py`); a sequence that finishes leaves the
+batch at once, gives its blocks back, and a running row from the end of the batch takes its table row (a
+table row moved, no KV copied), so the batch stays dense.
 
 Between two changes of the batch, a step's inputs are carried over from the last one (the sampled tokens
 stay a tensor, positions advance by one) and its sampling parameters stay tensors (`BatchSampler`), so a
@@ -15,7 +15,7 @@ On CUDA the decode steps overlap the host's work (`overlap`): step k + 1 is laun
 tokens, still on the device, before the host reads step k's tokens, appends them and checks the finish
 rules, so the GPU does not wait for that Python work (about 0.5 ms a step at 256 rows). A row that
 finished at step k has then been decoded once more: that token is dropped, and its cache column lies in
-a freed slot. The in-flight step's rows stay in its launch order (`InflightStep.seqs`); when rows leave,
+a block of its own past its cached ones (stream order puts that write before any later owner's). The in-flight step's rows stay in its launch order (`InflightStep.seqs`); when rows leave,
 the next step's inputs are gathered from its tokens in the new order. Admission, and every command that
 changes weights, the cache or the batch (`drain`), first wait for the step in flight. On the CPU a step
 computes as it is called, so there is nothing to overlap and steps run one at a time.
@@ -27,17 +27,21 @@ runs exactly as before.
 
 With a prefix cache (`prefix_cache.py`, on unless the engine turns it off; never for multimodal models,
 whose prompt ids do not say what the media were), each admitted prompt first looks up its longest cached
-prefix: the hit's blocks are copied into its slot and only the rest is prefilled (`prefill_after`); the
-prompt's blocks are cached after its prefill, and prompt + output when a sample finishes. The cache holds
-what the running batch's reservations leave of `max_total_tokens` and gives memory back (LRU) at every
-admission, so it never keeps a request out. A prompt that shares two or more uncached blocks with an
-earlier prompt of the same admission waits one step for them (`_defer_shared`). `prefill_computed` /
-`prefill_submitted` count prompt tokens computed and asked for.
+prefix: the hit's blocks go into its block table (shared, by reference) and only the rest is prefilled
+(`prefill_after`); the prompt's full blocks are cached after its prefill, and prompt + output when a sample
+finishes. The pool evicts the cache's LRU blocks when it needs room, so the cache never keeps a request
+out. A prompt that shares two or more uncached blocks with an earlier prompt of the same admission waits
+one step for them (`_defer_shared`). `prefill_computed` / `prefill_submitted` count prompt tokens computed
+and asked for.
 
-Admission is bounded by `max_running` sequences, by `max_total_tokens` (each running sequence reserves
-prompt + max_new_tokens, capped at the context length, so the batch never outgrows its budget and nothing
-is ever preempted) and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts
-does not stall decoding for long). A lone request is always admitted.
+Admission is bounded by `max_running` sequences, by the KV blocks (`max_total_tokens`): a prompt is
+admitted when its blocks fit with one spare block per running row, nothing is reserved for tokens not yet
+generated, and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts does not
+stall decoding for long). A lone request is always admitted. A decode step first gives every row the
+block its next token goes to (`_ensure_blocks`); when the pool is out of blocks, the most recently
+admitted row is preempted: its blocks are freed (its full blocks cached first) and it goes back to the
+front of the queue with its output so far, to be prefilled again (prompt + output) when blocks are free,
+so its output is the same as without preemption (greedy and seeded sampling alike).
 
 With chunked prefill (`chunked_prefill.py`, `chunk_size` > 0; text-only models) a prompt whose uncached
 part is longer than `chunk_size` is admitted alone and prefilled `chunk_size` tokens a step, the running batch decoding once after each
@@ -52,14 +56,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from itertools import count
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from relax.backends.inference.embedded.chunked_prefill import ChunkedPrefill
 from relax.backends.inference.embedded.decode_batch import DecodeBatch, InflightStep
+from relax.backends.inference.embedded.kv_blocks import BlockRows
 from relax.backends.inference.embedded.logit_rows import LogitRows
-from relax.backends.inference.embedded.prefix_cache import BLOCK, PrefixCache
+from relax.backends.inference.embedded.prefix_cache import PrefixCache
 from relax.backends.inference.embedded.runner import ModelRunner
 from relax.backends.inference.embedded.sampling import (
     BatchSampler,
@@ -72,7 +79,7 @@ from relax.backends.inference.embedded.sequence import RequestGroup, Sequence
 logger = logging.getLogger(__name__)
 
 
-class Scheduler:
+class Scheduler(BlockRows):
     def __init__(
         self,
         runner: ModelRunner,
@@ -97,17 +104,19 @@ class Scheduler:
         )  # prefill units: the samples of one prompt, or one retracted
         self.running: list[Sequence] = []  # running[b] lives in cache slot b
         self.cache = runner.cache
-        self.reserved = 0  # tokens reserved by the running sequences
+        self.cache.set_budget(max_total_tokens)
+        self.cache.ensure_rows(max_running + 1)  # sized once: captured graphs hold the table
+        self.block = self.cache.block
+        self._order: dict[int, int] = {}  # id() of a running sequence -> when it joined (preemption: LIFO)
+        self._joins = count()
+        self.preempted = 0  # sequences preempted for want of KV blocks
         self.generator = make_generator(seed, runner.device)  # noise of the unseeded requests
         self.batch: DecodeBatch | None = None  # inputs of the next decode step; None: build them anew
         self.overlap = runner.device.type == "cuda" if overlap is None else overlap
         self.inflight: InflightStep | None = None  # the step launched and not yet read back (overlap)
         self.prefix: PrefixCache | None = None
         if prefix_cache and not runner.multimodal:
-            c = self.cache
-            self.prefix = PrefixCache(
-                c.num_layers, c.num_kv_heads, c.head_dim, c.dtype, c.device, max_total_tokens
-            )
+            self.prefix = PrefixCache(self.cache)
         self._stale: set[int] = set()  # id() of running sequences admitted before the last flush
         # sequences taken from the queue and not yet running: a step that fails admitting them fails them
         # too (`fail_all`), rather than leaving their callers waiting forever
@@ -136,11 +145,6 @@ class Scheduler:
         chunked = self.chunked.done if self.chunked is not None else 0
         return sum(s.num_tokens - 1 for s in self.running) + chunked
 
-    def _reserve(self, seq: Sequence) -> int:
-        g = seq.group
-        return min(len(g.prompt) + g.params.max_new_tokens, g.max_context_len)
-
-    # -- one step -------------------------------------------------------------------------------
     def step(self) -> int:
         """Admit, then decode once; returns how many tokens were generated (read back, with `overlap`:
         the tokens of the step before)."""
@@ -152,10 +156,13 @@ class Scheduler:
             generated += self._admit()
         if not self.overlap or self._has_special():
             generated += self.drain()
+            generated += self._ensure_blocks()
             return generated + (self._decode() if self.running else 0)
         prev = self.inflight
         if self.running and not (prev is not None and all(s.ends_by_length_next() for s in prev.seqs)):
-            self.inflight = self._launch()
+            generated += self._ensure_blocks()  # may read the step in flight back first
+            prev = self.inflight
+            self.inflight = self._launch() if self.running else None
         else:
             self.inflight = None
         if prev is not None:
@@ -181,7 +188,7 @@ class Scheduler:
         have all finished, by an abort, are used up too); the queue is not touched."""
         units: list[list[Sequence]] = []
         rows = len(self.running)
-        reserved = self.reserved
+        avail = self.cache.available()  # blocks free, not yet allocated, or held by the prefix cache alone
         longest = 0
         used = 0
         chunk = self.chunk_size
@@ -194,11 +201,12 @@ class Scheduler:
             if not unit:
                 used += 1
                 continue
-            need = sum(self._reserve(s) for s in unit)
+            need = self._blocks_needed(unit)
             length = max(longest, len(unit[0].prefill_ids()))
             long = chunk > 0 and self._to_compute(unit[0]) > chunk  # prefilled in chunks, alone
             if units or self.running or self.inflight:  # else a lone request is always admitted
-                if rows + len(unit) > self.max_running or reserved + need > self.max_total_tokens:
+                # one spare block per row after it: the rows' next tokens
+                if rows + len(unit) > self.max_running or need + rows + len(unit) > avail:
                     break
                 if units and long:
                     break
@@ -209,13 +217,13 @@ class Scheduler:
             units.append(unit)
             if long:
                 break
-            rows, reserved, longest = rows + len(unit), reserved + need, length
+            rows, avail, longest = rows + len(unit), avail - need, length
         return units, used
 
     def _to_compute(self, seq: Sequence) -> int:
         """Tokens a prefill of `seq` computes: its prompt past the prefix cache's hit."""
         ids = seq.prefill_ids()
-        cached = self.prefix.peek(ids, len(ids) - 1) * BLOCK if self.prefix is not None else 0
+        cached = self.prefix.peek(ids, len(ids) - 1) * self.block if self.prefix is not None else 0
         return len(ids) - cached
 
     def _admissible(self) -> bool:
@@ -236,20 +244,22 @@ class Scheduler:
             return 0
         if self.chunk_size and len(units) == 1 and self._to_compute(units[0][0]) > self.chunk_size:
             return self._start_chunked(units[0])
-        seqs = [s for u in units for s in u]
-        base = len(self.running)  # new sequence k goes to slot base + k
-        firsts, k = [], 0  # slot of each unit's first sequence
-        for u in units:
+        base = len(self.running)  # new sequence k goes to table row base + k
+        prompts, firsts, starts, k = [], [], [], 0  # firsts: table row of each unit's first sequence
+        for i, u in enumerate(units):
+            p = u[0].prefill_ids()
+            start = self._place(p, base + k, force=not self.running and i == 0)
+            if start is None:  # out of blocks: this unit and the later ones wait
+                self.waiting.extendleft(reversed(units[i:]))
+                units = units[:i]
+                break
+            prompts.append(p)
             firsts.append(base + k)
+            starts.append(start)
             k += len(u)
-        prompts = [u[0].prefill_ids() for u in units]
-        hits = [self.prefix.match(p, len(p) - 1) if self.prefix else [] for p in prompts]
-        starts = [len(h) * BLOCK for h in hits]
-        tail = max((len(p) - st for p, st in zip(prompts, starts, strict=True) if st), default=0)
-        need = max(max(self._reserve(s) for s in seqs), max(starts) + tail)  # + a hit's padded suffix
-        self.cache.reserve(base + len(seqs), need, self.max_running)
-        if self.prefix is not None:  # the pool never outgrows the batch's own KV allocation
-            self.prefix.grow_limit = self.cache.slots * self.cache.capacity // BLOCK
+        self._admitting = seqs = [s for u in units for s in u]
+        if not units:
+            return 0
         self.prefill_submitted += sum(len(p) for p in prompts)
         self.prefill_computed += sum(len(p) - st for p, st in zip(prompts, starts, strict=True))
         if self.runner.multimodal:
@@ -258,16 +268,11 @@ class Scheduler:
             for u, d in zip(units, deltas, strict=True):
                 u[0].group.rope_delta = d
         else:
-            logits_UV = self._prefill(prompts, firsts, hits, starts)
-        for s in seqs:
-            self.reserved += self._reserve(s)
-        if self.prefix is not None:  # the batch's reservations first; the cache keeps what is left
-            self.prefix.evict_to(self.max_total_tokens - self.reserved)
-            for p, first in zip(prompts, firsts, strict=True):
-                self.prefix.insert(p, first, self.max_total_tokens - self.reserved)
-            self.prefix.write(self.cache.store)
-        for u, first in zip(units, firsts, strict=True):
-            self.cache.copy(first, list(range(first + 1, first + len(u))), len(u[0].prefill_ids()))
+            logits_UV = self._prefill(prompts, firsts, starts)
+        for u, p, first in zip(units, prompts, firsts, strict=True):
+            if self.prefix is not None:
+                self.prefix.insert(p, self.cache.rows[first])
+            self.cache.copy(first, list(range(first + 1, first + len(u))), len(p))
         rows = [i for i, u in enumerate(units) for _ in u]  # prefill row of each sequence
         return self._join(seqs, logits_UV, rows)
 
@@ -287,6 +292,8 @@ class Scheduler:
             for k, t, lp, top in zip(fresh, tokens, logprobs, tops, strict=True):
                 seqs[k].append(t, lp, top)
         self.running.extend(seqs)
+        for s in seqs:
+            self._order[id(s)] = next(self._joins)
         self._admitting = []
         self.batch = None
         self._drop_finished()
@@ -294,20 +301,17 @@ class Scheduler:
 
     # -- chunked prefill (`chunked_prefill.py`) ---------------------------------------------------
     def _start_chunked(self, unit: list[Sequence]) -> int:
-        """Admit one long prompt: reserve its rows and memory, copy in its prefix-cache hit, prefill its
-        first chunk into the slot past the batch."""
+        """Admit one long prompt: its blocks (a prefix-cache hit's, fresh ones for the rest) in the table row
+        past the batch, then prefill its first chunk there."""
         slot = len(self.running)
         ids = unit[0].prefill_ids()
-        hit = self.prefix.match(ids, len(ids) - 1) if self.prefix is not None else []
-        start = len(hit) * BLOCK
-        self.cache.reserve(slot + len(unit), max(self._reserve(s) for s in unit), self.max_running)
+        start = self._place(ids, slot, force=not self.running)
+        if start is None:
+            self.waiting.appendleft(unit)
+            self._admitting = []
+            return 0
         self.prefill_submitted += len(ids)
         self.prefill_computed += len(ids) - start
-        self.reserved += sum(self._reserve(s) for s in unit)
-        if self.prefix is not None:
-            self.prefix.grow_limit = self.cache.slots * self.cache.capacity // BLOCK
-            self.prefix.load([(hit, slot)], self.cache.store)
-            self.prefix.evict_to(self.max_total_tokens - self.reserved)
         self.chunked = ChunkedPrefill(unit, ids, slot, start, self.chunk_size)
         self._admitting = []
         self.chunked.run(self.runner)  # never the last chunk: the prompt is longer than one
@@ -325,23 +329,20 @@ class Scheduler:
         seqs = c.live()
         first = len(self.running)  # the batch only shrank since the prompt was admitted at `c.slot`
         if self.prefix is not None:
-            self.prefix.evict_to(self.max_total_tokens - self.reserved)
-            self.prefix.insert(c.ids, c.slot, self.max_total_tokens - self.reserved)
-            self.prefix.write(self.cache.store)
+            self.prefix.insert(c.ids, self.cache.rows[c.slot])
         if c.slot != first:
             self.cache.move([c.slot], [first], len(c.ids))
         self.cache.copy(first, list(range(first + 1, first + len(seqs))), len(c.ids))
         return generated + self._join(seqs, logits_1V, [0] * len(seqs))
 
     def _unchunk(self) -> list[Sequence]:
-        """Drop the chunked prefill in progress (its slot is left as garbage past the batch) and give
-        back its reservations; returns its samples still unfinished."""
+        """Drop the chunked prefill in progress and give back its blocks; returns its samples still
+        unfinished."""
         c, self.chunked = self.chunked, None
         if c is None:
             return []
-        live = c.live()
-        self.reserved -= sum(self._reserve(s) for s in live)
-        return live
+        self.cache.free_row(c.slot)
+        return c.live()
 
     def weights_changed(self) -> None:
         """The weights were loaded: empty the prefix cache, and prefill a chunked prompt again from its
@@ -351,44 +352,14 @@ class Scheduler:
         if live:
             self.waiting.appendleft(live)
 
-    def _defer_shared(self, units: list[list[Sequence]]) -> list[list[Sequence]]:
-        """In-batch sharing (SGLang's in-batch prefix check): a prompt whose leading blocks an earlier
-        prompt of this admission computes, and the cache does not hold, goes back to the front of the
-        queue; one step later it finds them in the cache. The GRPO samples of a group sent as separate
-        requests arrive together, and would otherwise each prefill the whole prompt. The first unit is
-        always admitted, so the queue moves."""
-        seen: set[int] = set()
-        keep: list[list[Sequence]] = []
-        later: list[list[Sequence]] = []
-        for u in units:
-            p = u[0].prefill_ids()
-            n = (len(p) - 1) // BLOCK  # the blocks a hit may cover
-            chain, h = [], 0
-            for i in range(n):  # a hash per leading prefix: a scheduling hint, a collision costs nothing
-                h = hash((h, tuple(p[i * BLOCK : (i + 1) * BLOCK])))
-                chain.append(h)
-            shared = 0
-            while shared < n and chain[shared] in seen:
-                shared += 1
-            if keep and shared - self.prefix.peek(p, len(p) - 1) >= 2:  # 2+ blocks to gain by waiting
-                later.append(u)
-            else:
-                keep.append(u)
-                seen.update(chain)
-        self.waiting.extendleft(reversed(later))
-        return keep
-
-    def _prefill(
-        self, prompts: list[list[int]], slots: list[int], hits: list[list], starts: list[int]
-    ) -> Tensor:
-        """Prefill text prompts into their slots: the misses in one plain prefill, the prefix-cache hits
-        (their blocks copied into the slot) past their cached prefix in one masked prefill; returns the
-        last-token logits [U, V] in prompt order."""
+    def _prefill(self, prompts: list[list[int]], slots: list[int], starts: list[int]) -> Tensor:
+        """Prefill text prompts into their table rows: the misses in one plain prefill, the prefix-cache
+        hits (their blocks already in the rows) past their cached prefix in one masked prefill; returns
+        the last-token logits [U, V] in prompt order."""
         miss = [u for u, st in enumerate(starts) if st == 0]
         hit = [u for u, st in enumerate(starts) if st > 0]
         if not hit:
             return self.runner.prefill(prompts, slots)
-        self.prefix.load([(hits[u], slots[u]) for u in hit], self.cache.store)
         parts, order = [], []
         if miss:
             parts.append(self.runner.prefill([prompts[u] for u in miss], [slots[u] for u in miss]))
@@ -408,18 +379,6 @@ class Scheduler:
             self.prefix.clear()
             self._stale = {id(s) for s in self.running}
 
-    def _cache_finished(self, rows: list[Sequence], finished: list[Sequence]) -> None:
-        """Cache prompt + output of the finished rows still in their slots (before rows move into them)."""
-        slot = {id(s): b for b, s in enumerate(rows)}
-        room = self.max_total_tokens - self.reserved + sum(self._reserve(s) for s in finished)
-        for s in finished:
-            if id(s) in self._stale:
-                self._stale.discard(id(s))
-            elif s.output_ids:  # KV held: prompt + output[:-1]
-                tokens = s.group.prompt + s.output_ids[:-1]
-                self.prefix.insert(tokens, slot[id(s)], room)
-        self.prefix.write(self.cache.store)
-
     def _decode(self) -> int:
         running = self.running
         batch = self.batch if self.batch is not None else self._new_batch()
@@ -437,6 +396,7 @@ class Scheduler:
             for s, t, lp, top in zip(running, new_tokens, logprobs, tops, strict=True):
                 s.append(t, lp, top)
         batch.tokens_B, batch.pos_B, batch.length = tokens_B, batch.pos_B + 1, batch.length + 1
+        batch.cols += 1
         self.batch = batch
         self._drop_finished()  # a row that leaves clears self.batch
         return len(new_tokens)
@@ -456,6 +416,7 @@ class Scheduler:
         else:
             host = both.cpu()
         batch.tokens_B, batch.pos_B, batch.length = tokens_B, batch.pos_B + 1, batch.length + 1
+        batch.cols += 1
         self.batch = batch
         return InflightStep(list(self.running), tokens_B, host, event)
 
@@ -478,7 +439,8 @@ class Scheduler:
             self.batch = None
             return
         where = {id(s): i for i, s in enumerate(before)}
-        idx = torch.tensor([where[id(s)] for s in self.running], device=batch.tokens_B.device)
+        order = [where[id(s)] for s in self.running]
+        idx = torch.tensor(order, device=batch.tokens_B.device)
         # the rows left may be shorter than the longest that left: carried on, `length` would grow past
         # the cache's capacity (each row's next column is at most its num_tokens)
         length = min(batch.length, max(s.num_tokens for s in self.running) + 1)
@@ -488,6 +450,7 @@ class Scheduler:
             length,
             None if batch.delta_B is None else batch.delta_B.index_select(0, idx),
             BatchSampler([s.row for s in self.running], self.runner.device),
+            cols=batch.cols[order],
         )
 
     def _new_batch(self) -> DecodeBatch:
@@ -501,7 +464,8 @@ class Scheduler:
             delta_B = torch.tensor([s.group.rope_delta for s in running], dtype=torch.long).to(device)
         sampler = BatchSampler([s.row for s in running], device)
         special = LogitRows.of(running, self.runner.vocab_size, device)
-        return DecodeBatch(tokens_B, pos_B, max(positions) + 1, delta_B, sampler, special)
+        cols = np.array(positions, dtype=np.int64)
+        return DecodeBatch(tokens_B, pos_B, max(positions) + 1, delta_B, sampler, special, cols)
 
     # -- leaving the batch ----------------------------------------------------------------------
     def _drop_finished(self) -> None:
@@ -512,13 +476,15 @@ class Scheduler:
         if not finished:
             return
         before = list(rows)
-        if self.prefix is not None:
-            self._cache_finished(rows, finished)
+        for b, s in enumerate(rows):
+            if s.finish is not None:
+                self._cache_row(s, b)
+                self.cache.free_row(b)
+                self._order.pop(id(s), None)
         keep = len(rows) - len(finished)
         holes = [b for b in range(keep) if rows[b].finish is not None]
         movers = [b for b in range(keep, len(rows)) if rows[b].finish is None]
-        if movers:
-            self.cache.move(movers, holes, max(rows[m].num_tokens for m in movers))
+        self.cache.move(movers, holes)
         for hole, mover in zip(holes, movers, strict=True):
             rows[hole] = rows[mover]
         del rows[keep:]
@@ -526,8 +492,6 @@ class Scheduler:
             self._regather(before)
         else:
             self.batch = None
-        for s in finished:
-            self.reserved -= self._reserve(s)
         self._finalize(finished)
 
     def _finalize(self, finished: list[Sequence]) -> None:
@@ -544,11 +508,8 @@ class Scheduler:
                 s.abort(message)
                 hit.append(s)
         self.waiting = deque(u for u in self.waiting if any(s.finish is None for s in u))
-        if self.chunked is not None:  # an ended sample gives its reservation back; the last one the slot
-            ended = {id(s) for s in hit}
-            self.reserved -= sum(self._reserve(s) for s in chunked if id(s) in ended)
-            if not self.chunked.live():
-                self.chunked = None
+        if self.chunked is not None and not self.chunked.live():  # the last sample ended: its blocks back
+            self._unchunk()
         self._drop_finished()
         self._finalize(hit)
         return len({id(s.group) for s in hit})
@@ -571,11 +532,12 @@ class Scheduler:
             self.waiting.appendleft(live)
         for s in reversed(self.running):
             self.waiting.appendleft([s])
-        self.running, self.reserved, self.batch, self.inflight = [], 0, None, None
+        self.running, self.batch, self.inflight = [], None, None
         self._stale.clear()  # prefilled again when admitted
-        self.cache.release()
+        self._order.clear()
         if self.prefix is not None:  # a retract frees the KV memory, the cache's too
             self.prefix.release()
+        self.cache.release()
         return n
 
     def fail_all(self, error: BaseException) -> None:
@@ -588,7 +550,9 @@ class Scheduler:
             if not g.future.done():
                 g.future.set_exception(error)
         self.waiting.clear()
-        self.running, self.reserved, self.batch, self.inflight = [], 0, None, None
+        self.running, self.batch, self.inflight = [], None, None
         self._stale.clear()
-        if self.prefix is not None:  # the error may have left any slot half written
-            self.prefix.clear()
+        self._order.clear()
+        if self.prefix is not None:  # the error may have left any block half written
+            self.prefix.release()
+        self.cache.release()

@@ -1,0 +1,384 @@
+"""The running batch's KV cache, paged: one pool of fixed-size blocks per layer and a block table per row.
+
+Layout, per layer: keys and values [NB, H_kv, BLOCK, D] (NB blocks of `BLOCK` tokens), views of one store
+[2, layers, NB, H_kv, BLOCK, D]. Row b of the running batch owns table row b: token t of its sequence
+(prompt and output alike) lives in block table[b, t // BLOCK] at offset t % BLOCK. So
+
+* memory follows the tokens held: a row holds the blocks of its tokens so far, one more when a decode step
+  crosses a block boundary (`extend`); nothing is reserved for tokens not yet generated;
+* rows that leave the batch give their blocks back and a row from the end takes the freed table row
+  (`move`: integer table rows, no KV copied);
+* the n samples of a prompt share its full blocks by reference count (`copy`: only the partial last block,
+  which each sample goes on writing, is copied);
+* the prefix cache (`prefix_cache.py`) holds references to full blocks of finished and prefilled
+  sequences; a hit puts those blocks into the new row's table (`assign`), so nothing is copied.
+
+Block 0 is never handed out: unused table entries point to it, so the padding of a right-padded prefill
+and the padding rows of a captured decode graph write there and nothing else. Table row `trash_row` is
+all zeros (the graphs' padding rows use it).
+
+The pool grows by doubling (one copy; `generation` is bumped, so captured CUDA graphs, which hold its
+address, are dropped) up to `max_blocks`, the engine's `max_total_tokens`; past it `alloc` fails and the
+scheduler preempts a row (`scheduler.py`). Only a lone row may grow the pool past the budget (a lone
+request is always served). The device table is synced from a host copy before each forward (`sync`): only
+the rows changed since, through pinned memory without waiting for the device.
+
+The model sees this object as its cache: `update(k, v, layer)` is the only method it calls. Which rows
+and columns an `update` writes is set by `for_prefill` / `for_decode` before each forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+BLOCK = 16  # tokens per block (a power of two): the prefix cache's granularity too (docs/engines.md)
+
+
+def _blocks_for(tokens: int, block: int = BLOCK) -> int:
+    return -(-tokens // block)
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_context: int = 32768,
+        max_tokens: int = 1 << 18,
+        block: int = BLOCK,
+    ) -> None:
+        if block & (block - 1):
+            raise ValueError(f"KV block size {block} is not a power of two")
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.dtype, self.device, self.block = dtype, device, block
+        self.width = _blocks_for(max_context, block)  # table columns: blocks of the longest sequence
+        self.max_blocks = max(_blocks_for(max_tokens, block), 2) + 1  # the budget (+ block 0)
+        self.store: Tensor | None = None  # [2, layers, NB, H_kv, BLOCK, D]
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.num_blocks = 0  # NB allocated
+        self.refs = np.zeros(0, dtype=np.int32)  # references per block: rows holding it, + 1 if cached
+        self.cached = np.zeros(0, dtype=bool)  # the prefix cache holds it
+        self.cache_only = 0  # blocks only the prefix cache holds (evictable)
+        self.free: list[int] = []
+        self.reclaim: Callable[[int], int] | None = None  # the prefix cache's eviction (blocks to free)
+        self.rows: list[list[int]] = []  # blocks of each table row, in token order
+        self.caps = np.zeros(0, dtype=np.int64)  # tokens each row's blocks hold
+        self.host = np.zeros((0, self.width), dtype=np.int32)
+        self.table = torch.zeros(0, self.width, dtype=torch.int32, device=device)
+        self.trash_row = 0
+        self._dirty: set[int] = set()
+        self._widest = 0  # the most blocks any row has held (what a sync sends per row)
+        self.generation = 0  # bumped on every reallocation (captured graphs hold the old buffers)
+        self._arange: Tensor | None = None
+        self._rows_t: Tensor | None = None
+        self._pos_B: Tensor | None = None
+        self._length = 0
+        self._cols: Tensor | None = None
+        self._prefill = False
+
+    # -- sizes -----------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Columns a row may address."""
+        return self.width * self.block
+
+    def set_budget(self, max_tokens: int) -> None:
+        self.max_blocks = max(_blocks_for(max_tokens, self.block), 2) + 1
+
+    def used_blocks(self) -> int:
+        """Blocks held by rows or the prefix cache."""
+        return max(self.num_blocks - 1, 0) - len(self.free)
+
+    def available(self) -> int:
+        """Blocks an allocation could get now: free, not yet allocated, or held by the cache alone."""
+        return len(self.free) + max(self.max_blocks - max(self.num_blocks, 1), 0) + self.cache_only
+
+    def row_tokens(self, row: int) -> int:
+        return len(self.rows[row]) * self.block if row < len(self.rows) else 0
+
+    # -- allocation ------------------------------------------------------------------------------
+    def ensure_rows(self, n: int) -> None:
+        """Room for table rows 0..n-1 (and the trash row past them)."""
+        if n < len(self.rows):
+            return
+        new = max(n + 1, 2 * len(self.rows), 8)
+        host = np.zeros((new + 1, self.width), dtype=np.int32)
+        host[: len(self.rows)] = self.host[: len(self.rows)]
+        self.host = host
+        self.caps = np.concatenate([self.caps, np.zeros(new - len(self.rows), dtype=np.int64)])
+        self.rows += [[] for _ in range(new - len(self.rows))]
+        self.trash_row = new
+        self.table = torch.from_numpy(host).to(self.device)
+        self._dirty.clear()
+        self.generation += 1
+
+    def _grow(self, want: int) -> bool:
+        have = self.num_blocks
+        if want <= have:
+            return False
+        L, H, D = self.num_layers, self.num_kv_heads, self.head_dim
+        store = torch.zeros((2, L, want, H, self.block, D), dtype=self.dtype, device=self.device)
+        if self.store is not None:
+            store[:, :, :have].copy_(self.store)
+        self.store = store
+        self.keys, self.values = list(store[0].unbind(0)), list(store[1].unbind(0))
+        self.refs = np.concatenate([self.refs, np.zeros(want - have, dtype=np.int32)])
+        self.cached = np.concatenate([self.cached, np.zeros(want - have, dtype=bool)])
+        self.free.extend(range(want - 1, max(have, 1) - 1, -1))  # pop() hands out low indices first
+        self.num_blocks = want
+        self.generation += 1
+        mib = store.numel() * store.element_size() / 2**20
+        logger.debug("KV pool grown to %d blocks of %d tokens (%.0f MiB)", want, self.block, mib)
+        return True
+
+    def alloc(self, n: int, force: bool = False) -> list[int] | None:
+        """n fresh blocks (one reference each), or None when the budget cannot give them. The pool grows
+        by doubling; blocks only the prefix cache holds are evicted first when they are half the pool, else
+        once it cannot grow. `force`: grow past the budget (a lone row)."""
+        while len(self.free) < n:
+            short = n - len(self.free)
+            if self.reclaim and self.cache_only * 2 >= self.num_blocks and self.reclaim(short):
+                continue
+            cap = self.max_blocks if not force else max(self.max_blocks, self.num_blocks + short)
+            want = min(max(2 * self.num_blocks, 64, self.num_blocks + short), cap)
+            if self._grow(want):
+                continue
+            if self.reclaim and self.cache_only and self.reclaim(short):
+                continue
+            if force and self._grow(self.num_blocks + short):
+                continue
+            return None
+        out = [self.free.pop() for _ in range(n)]
+        self.refs[out] = 1
+        return out
+
+    def incref(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.refs[b] == 1 and self.cached[b]:
+                self.cache_only -= 1
+            self.refs[b] += 1
+
+    def decref(self, blocks: list[int]) -> None:
+        for b in blocks:
+            r = self.refs[b] - 1
+            self.refs[b] = r
+            if r == 0:
+                if self.cached[b]:
+                    self.cached[b] = False
+                    self.cache_only -= 1
+                self.free.append(b)
+            elif r == 1 and self.cached[b]:
+                self.cache_only += 1
+
+    def hold(self, b: int) -> None:
+        """The prefix cache takes a reference to block b (held by a row)."""
+        self.cached[b] = True
+        self.refs[b] += 1
+
+    def unhold(self, b: int) -> None:
+        """The prefix cache drops its reference to block b."""
+        self.cached[b] = False
+        r = self.refs[b] - 1
+        self.refs[b] = r
+        if r == 0:
+            self.cache_only -= 1
+            self.free.append(b)
+
+    # -- table rows ------------------------------------------------------------------------------
+    def _grow_row(self, row: int, new: list[int]) -> None:
+        """Append blocks to a row (in place: only the new table entries are written)."""
+        blocks = self.rows[row]
+        n = len(blocks)
+        blocks.extend(new)
+        self._widest = max(self._widest, len(blocks))
+        self.caps[row] = len(blocks) * self.block
+        self.host[row, n : len(blocks)] = new
+        self._dirty.add(row)
+
+    def _set_row(self, row: int, blocks: list[int]) -> None:
+        old = len(self.rows[row])
+        self._widest = max(self._widest, len(blocks))
+        self.rows[row] = blocks
+        self.caps[row] = len(blocks) * self.block
+        self.host[row, : len(blocks)] = blocks
+        if old > len(blocks):
+            self.host[row, len(blocks) : old] = 0
+        self._dirty.add(row)
+
+    def assign(self, row: int, blocks: list[int]) -> None:
+        """Row `row` (empty) starts with `blocks`, shared (a prefix-cache hit): a reference each."""
+        self.ensure_rows(row + 1)
+        self.incref(blocks)
+        self._set_row(row, list(blocks))
+
+    def extend(self, row: int, tokens: int, force: bool = False) -> bool:
+        """Give row `row` the blocks to hold `tokens` tokens; False when the budget cannot (nothing
+        changes then). `force`: past the budget."""
+        self.ensure_rows(row + 1)
+        have = self.rows[row]
+        need = _blocks_for(tokens, self.block) - len(have)
+        if need <= 0:
+            return True
+        if len(have) + need > self.width:
+            raise ValueError(f"{tokens} tokens are past the KV table's {self.capacity} columns")
+        got = self.alloc(need, force)
+        if got is None:
+            return False
+        self._grow_row(row, got)
+        return True
+
+    def extend_rows(self, rows: list[int], tokens: list[int], force: bool = False) -> bool:
+        """`extend` of several rows with one allocation (a decode step's rows that cross a block
+        boundary); False when some row could not get its blocks (the others keep theirs)."""
+        needs = [_blocks_for(t, self.block) - len(self.rows[r]) for r, t in zip(rows, tokens, strict=True)]
+        got = self.alloc(sum(n for n in needs if n > 0), force)
+        if got is None:
+            return all([self.extend(r, t, force) for r, t in zip(rows, tokens, strict=True)])
+        for r, n in zip(rows, needs, strict=True):
+            if n > 0:
+                if len(self.rows[r]) + n > self.width:
+                    raise ValueError(f"a row is past the KV table's {self.capacity} columns")
+                self._grow_row(r, got[:n])
+                got = got[n:]
+        return True
+
+    def free_row(self, row: int) -> None:
+        if row < len(self.rows) and self.rows[row]:
+            self.decref(self.rows[row])
+            self._set_row(row, [])
+
+    def copy(self, src: int, dsts: list[int], length: int) -> bool:
+        """Rows `dsts` (empty) continue the first `length` tokens of row `src`: its full blocks shared, its
+        partial last block copied (each row writes on into it). False when no block is left for a copy."""
+        if not dsts:
+            return True
+        full, part = divmod(length, self.block)
+        shared = self.rows[src][:full]
+        self.ensure_rows(max(dsts) + 1)
+        copies = self.alloc(len(dsts)) if part else []
+        if copies is None:
+            copies = self.alloc(len(dsts), force=True)
+        for i, d in enumerate(dsts):
+            self.incref(shared)
+            self._set_row(d, shared + ([copies[i]] if part else []))
+        if part:
+            idx = torch.tensor(copies, device=self.device)
+            self.store[:, :, idx] = self.store[:, :, self.rows[src][full] : self.rows[src][full] + 1]
+        return True
+
+    def move(self, srcs: list[int], dsts: list[int], length: int = 0) -> None:
+        """Row srcs[i] becomes row dsts[i] (empty): its blocks change hands, no KV is copied."""
+        for s, d in zip(srcs, dsts, strict=True):
+            blocks = self.rows[s]
+            self._set_row(s, [])
+            self._set_row(d, blocks)
+
+    def release(self) -> None:
+        """Free every block and the pool's memory (a retract, an error); the next allocation starts over."""
+        self.store, self.keys, self.values, self.num_blocks = None, [], [], 0
+        self.refs, self.cached = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool)
+        self.cache_only, self.free = 0, []
+        for r in range(len(self.rows)):
+            if self.rows[r]:
+                self._set_row(r, [])
+        self.generation += 1
+
+    def reserve(self, rows: int, length: int, max_rows: int = 0) -> None:
+        """Rows 0..rows-1 hold `length` tokens each, private blocks (tests and benchmarks that call the
+        runner directly)."""
+        self.ensure_rows(max(rows, max_rows))
+        for r in range(rows):
+            self.extend(r, length, force=True)
+
+    def sync(self) -> None:
+        """Send the table rows changed since the last sync to the device, without waiting for it."""
+        if not self._dirty:
+            return
+        rows = sorted(self._dirty)
+        self._dirty.clear()
+        W = min(self._widest, self.width)
+        vals = torch.from_numpy(self.host[rows, :W])
+        idx = torch.tensor(rows, dtype=torch.long)
+        if self.device.type == "cuda":
+            vals = vals.pin_memory().to(self.device, non_blocking=True)
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
+        self.table[idx, :W] = vals
+
+    # -- what the next forward writes ------------------------------------------------------------
+    def for_prefill(self, rows: Tensor, cols_NT: Tensor | None = None, length: int = 0) -> PagedKVCache:
+        """The next forward is a prefill of len(rows) right-padded prompts into table rows `rows`. With
+        `cols_NT`, the prompts continue prefixes their rows hold already: token t of prompt n goes to
+        column cols_NT[n, t], and attention sees the row's first `length` columns."""
+        self.sync()
+        self._prefill, self._rows_t, self._cols, self._length = True, rows, cols_NT, length
+        return self
+
+    def for_decode(self, pos_B: Tensor, length: int, rows_B: Tensor | None = None) -> PagedKVCache:
+        """The next forward decodes rows 0..B-1 (or `rows_B`), writing column pos_B[b] and attending over
+        `length` columns."""
+        B = pos_B.shape[0]
+        self.sync()
+        self._prefill, self._pos_B, self._length = False, pos_B, length
+        if rows_B is None:
+            if self._arange is None or self._arange.shape[0] < B or self._arange.device != pos_B.device:
+                self._arange = torch.arange(max(B, len(self.rows)), device=pos_B.device)
+            rows_B = self._arange[:B]
+        self._rows_t = rows_B
+        return self
+
+    def prefill_buffers(self, layer_idx: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For a prefill that writes the cache itself (`prefill_rope`): the layer's key and value pools,
+        the block table and the table row of each prompt."""
+        return self.keys[layer_idx], self.values[layer_idx], self.table, self._rows_t
+
+    def decode_buffers(self, layer_idx: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, int]:
+        """For a decode step that writes the cache itself (`attention_step`): the layer's key and value
+        pools, the block table, the table row and column of each row, and the columns attended."""
+        return (
+            self.keys[layer_idx], self.values[layer_idx], self.table, self._rows_t, self._pos_B, self._length
+        )  # fmt: skip
+
+    def _gather(self, buf: Tensor, rows: Tensor, length: int) -> Tensor:
+        """Columns 0..length-1 of table rows `rows` as [N, H_kv, length, D] (a copy)."""
+        nb = _blocks_for(length, self.block)
+        blocks = buf[self.table[rows, :nb].long()]  # [N, nb, H, BLOCK, D]
+        N, _, H, _, D = blocks.shape
+        return blocks.transpose(1, 2).reshape(N, H, nb * self.block, D)[:, :, :length]
+
+    def _where(self, rows_N: Tensor, cols_NT: Tensor) -> tuple[Tensor, Tensor]:
+        """Block and offset of column cols_NT[n, t] of table row rows_N[n]."""
+        blk = self.table[rows_N[:, None], torch.div(cols_NT, self.block, rounding_mode="floor")]
+        return blk.long(), cols_NT % self.block
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[Tensor, Tensor]:
+        """Called by every attention layer: store the new keys/values, return what to attend over."""
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        rows = self._rows_t
+        if self._prefill:
+            T = key_states.shape[2]
+            cols = self._cols
+            if cols is None:
+                cols = torch.arange(T, device=key_states.device)[None, :].expand(rows.shape[0], T)
+            blk, off = self._where(rows, cols)
+            k_buf[blk, :, off] = key_states.transpose(1, 2)  # [N, T, H_kv, D]
+            v_buf[blk, :, off] = value_states.transpose(1, 2)
+            if self._cols is None:
+                return key_states, value_states  # the prompt attends to itself only
+            return self._gather(k_buf, rows, self._length), self._gather(v_buf, rows, self._length)
+        blk, off = self._where(rows, self._pos_B[:, None])
+        k_buf[blk[:, 0], :, off[:, 0]] = key_states[:, :, 0]
+        v_buf[blk[:, 0], :, off[:, 0]] = value_states[:, :, 0]
+        return self._gather(k_buf, rows, self._length), self._gather(v_buf, rows, self._length)
