@@ -293,7 +293,7 @@ class RayDataPlane:
 
 class PlaneClient:
     """Mixin for roles: `self.plane` connects to the run's data plane on first use, not in the constructor,
-    so the Controller can start the plane while the roles' replicas start (`Controller._start_roles`).
+    so the driver can start the plane while the roles' replicas start (`Deployment.start`).
     A plane passed to the constructor (tests) is used as is."""
 
     _plane: DataPlane | None = None

@@ -1,8 +1,8 @@
 """The Controller's step sequencing: starting the roles that run ahead (hybrid, fully_async), the weight
 push of each trained step (`relax.orchestration.weight_push`), and waiting on the Actor while watching
-the background roles for failures (through the HealthManager, which may restart a stage role in place;
-the role then continues from the step in training). In colocate mode the same calls reduce to an update
-and a plain weight push.
+the background roles for failures (the HealthManager decides which roles restart in place; `Stages`,
+relax/orchestration/stages.py, restarts them, and a stage role continues from the step in training). In
+colocate mode the same calls reduce to an update and a plain weight push.
 
 Roles are Serve handles; this module only sequences calls, it computes nothing.
 """
