@@ -48,13 +48,19 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray token auth stays on: Relax set
 .venv/bin/ruff format --check relax tests benchmarks
 bash scripts/docs.sh  # the docs site builds with no warning (broken links fail)
 
+# Two pytest-xdist workers (RELAX_TEST_WORKERS; 0 runs in one process): an end-to-end test spends much of
+# its time waiting on Ray, role start-up and subprocesses, so a second one fills the cores meanwhile. Each
+# worker has its own session Ray cluster; the simulated-cluster tests share one worker (xdist_group).
+workers=${RELAX_TEST_WORKERS:-2}
+args=()
+if [ "$workers" != 0 ]; then
+  args=(-n "$workers" --dist loadgroup)
+fi
+[ "$FULL" = 1 ] && args+=(--full)
+
 status=0
 set +e
-if [ "$FULL" = 1 ]; then
-  .venv/bin/pytest -ra --durations=20 --full "$@"
-else
-  .venv/bin/pytest -ra --durations=20 "$@"
-fi
+.venv/bin/pytest -ra --durations=20 "${args[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

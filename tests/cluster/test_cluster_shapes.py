@@ -26,7 +26,12 @@ import yaml
 from tests.cluster.netns import SimulatedCluster, netns_unavailable
 
 _unavailable = netns_unavailable()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_unavailable is not None, reason=_unavailable or "")]
+# one simulated cluster at a time: with pytest-xdist, every test of the group runs in the same worker
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_unavailable is not None, reason=_unavailable or ""),
+    pytest.mark.xdist_group("netns"),
+]
 
 RELAX = [sys.executable, "-m", "relax.entrypoints.cli"]
 STEPS = 4

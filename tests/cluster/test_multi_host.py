@@ -27,7 +27,12 @@ import yaml
 from tests.cluster.netns import SimulatedCluster, netns_unavailable
 
 _unavailable = netns_unavailable()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_unavailable is not None, reason=_unavailable or "")]
+# one simulated cluster at a time: with pytest-xdist, every test of the group runs in the same worker
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_unavailable is not None, reason=_unavailable or ""),
+    pytest.mark.xdist_group("netns"),
+]
 
 RELAX = [sys.executable, "-m", "relax.entrypoints.cli"]
 ROLE_HOST, ROLE_TIER, ENGINE_TIER = "198.18.0.2", {"tier": "cpu"}, {"tier": "engine"}
