@@ -62,3 +62,22 @@ def test_send_weights_before_connect_names_the_fix():
     sender = WeightPublisher(ipc=False)
     with pytest.raises(RuntimeError, match="before connect"):
         asyncio.run(send_weights(sender, [("w", torch.zeros(1))], 1))
+
+
+def test_the_disk_sender_writes_every_bucket_of_a_push_once_at_its_last(tmp_path):
+    from safetensors.torch import load_file
+
+    loads = []
+
+    class Engine:  # records what it was asked to load
+        async def update_weights_from_disk(self, path: str, weight_version: str | None = None) -> None:
+            loads.append((path, weight_version))
+
+    sender = DiskPublisher(tmp_path, bucket_bytes=8)  # two 4-byte tensors a bucket
+    sender.clients = [Engine()]
+    named = [(f"w{i}", torch.full((1,), float(i))) for i in range(5)]
+    stats = asyncio.run(send_weights(sender, named, 3))
+    assert loads == [(str(tmp_path / "v000003"), "3")]  # one load, after the last of three buckets
+    saved = load_file(str(tmp_path / "v000003" / "model.safetensors"))
+    assert {n: float(t) for n, t in saved.items()} == {f"w{i}": float(i) for i in range(5)}
+    assert stats["perf/weight_sync_bytes"] == 20
