@@ -180,6 +180,18 @@ def paged_case(rows: int, L: int, g: torch.Generator) -> dict:
             return attention_step(qk, v, cos, sin, pk, pv, idx, lengths, L, 0.125, table=t)
 
         row[f"page{page}_us"] = round(graph_time_us(paged, 20), 1)
+        if page == 16:  # the split-K count the engine picks, and more (latency of the table's indirection)
+            from relax.backends.inference.embedded import attention_step as ast
+            from relax.backends.inference.embedded import decode_attention as da
+
+            base = da.splits_for(rows, Hk, L)
+            for mult in (2, 4):
+
+                def more(t=table, pk=pool_k, pv=pool_v, sp=base * mult) -> torch.Tensor:
+                    args = (qk, v, cos, sin, pk, pv, idx, lengths, L, 0.125, None, None, 0.0, sp, t)
+                    return ast._launch(*args)
+
+                row[f"page16_splits{base * mult}_us"] = round(graph_time_us(more, 20), 1)
         del pool_k, pool_v
     return row
 

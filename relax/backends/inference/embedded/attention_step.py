@@ -16,8 +16,8 @@ contiguous slot. The splits (flash-decoding) keep the GPU busy when the batch is
 Without a table the buffers are slots [S, H_kv, C, D] (a row's columns contiguous).
 
 Why: the step had been four kernels a layer here (RMSNorm, rotary with the cache write, attention,
-and the query heads' round trip through memory between them). On an H200 at 256 rows each cost 2.5-3.5
-us more than its work, a sixth of a layer's time (`benchmarks/engine.py --profile`). bf16 and fp16 only
+and the query heads' round trip through memory between them), each costing more than its work in
+launch and memory round trips (`benchmarks/engine.py --profile`; docs/measurements.md). bf16 and fp16 only
 (see `decode_attention.available`); captured CUDA graphs replay it, both variants compiled on the first
 call outside a capture.
 """
@@ -104,13 +104,20 @@ def _kernel() -> Any:
         m_i = tl.full([R_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([R_PAD], tl.float32)
         acc = tl.zeros([R_PAD, D], tl.float32)
+        # paged: each tile's blocks are looked up one tile ahead, so its key and value loads do not wait
+        # on the table lookup of their own iteration
+        blk_n = tl.zeros([BLOCK], tl.int64)
+        if PAGE > 0:
+            first = start + tl.arange(0, BLOCK)
+            blk_n = tl.load(t_row + first // PAGE, mask=first < end, other=0).to(tl.int64)
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             valid = n < end
             if PAGE > 0:
-                blk_n = tl.load(t_row + n // PAGE, mask=valid, other=0).to(tl.int64)
                 k_at = K_buf + h * s_kb_h + blk_n * s_kb_s + (n % PAGE) * s_kb_c
                 v_at = V_buf + h * s_vb_h + blk_n * s_vb_s + (n % PAGE) * s_vb_c
+                ahead = n + BLOCK
+                blk_n = tl.load(t_row + ahead // PAGE, mask=ahead < end, other=0).to(tl.int64)
             else:
                 k_at = K_buf + slot * s_kb_s + h * s_kb_h + n * s_kb_c
                 v_at = V_buf + slot * s_vb_s + h * s_vb_h + n * s_vb_c
@@ -186,6 +193,8 @@ def attention_step(
                 splits, table,
             )  # fmt: skip
     splits = da.splits_for(N, Hk, columns)
+    if table is not None and splits > 1:  # a small batch of long rows: each tile waits on a table lookup
+        splits = min(2 * splits, -(-columns // da.BLOCK_N))  # before its loads; more programs hide it
     return _launch(
         qk, v, cos, sin_signed, k_buf, v_buf, rows_N, lengths_N, columns, scale, x, bias, eps, splits, table
     )

@@ -10,8 +10,8 @@ split (a full batch: 256 rows x 2 kv heads already make ~4 programs per SM of an
 normalised output; with more (small batches, long rows: flash-decoding) each split writes its partial
 output, maximum and sum, and a second kernel merges them.
 
-Why: PyTorch's memory-efficient SDPA took 27 us per layer at 256 rows, a quarter of the decode step,
-and needs the additive mask built every step; this reads the cache once (`benchmarks/engine.py
+Why: PyTorch's memory-efficient SDPA was a large share of the decode step (docs/measurements.md) and
+needs the additive mask built every step; this reads the cache once (`benchmarks/engine.py
 --profile` shows both). bf16 and fp16 only; float32 models keep SDPA (tensor-core float32 would round
 to tf32). Captured CUDA graphs replay it like any kernel: both variants (one split, several) are compiled
 on the first call outside a capture, and the arguments that change with the batch are not specialised
@@ -27,10 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Key columns per tile, warps per program, software-pipelined tile loads. `python
-# benchmarks/decode_kernels.py --attention` sweeps them on an H200 (256 rows, 2 kv heads of 7 query heads,
-# head size 64): 64 / 2 / 3 was the fastest at 160, 256 and 384 columns, 6.8 / 7.9 / 11.0 us against
-# 7.4 / 8.7 / 12.0 us with 4 warps (two warps suffice for a 16 x 64 tile, and twice as many programs fit).
+# Key columns per tile, warps per program, software-pipelined tile loads: the fastest of `python
+# benchmarks/decode_kernels.py --attention`'s sweep (docs/measurements.md); two warps suffice for a 16 x 64
+# tile, and twice as many programs fit.
 BLOCK_N = 64
 WARPS = 2
 STAGES = 3

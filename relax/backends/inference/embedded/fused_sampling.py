@@ -15,8 +15,8 @@ second kernel recomputes: the draw then stops at the part's last token of nonzer
 a banned one.
 
 An earlier version drew Gumbel-max in one pass (an argmax of x / T - log(-log(U)) with a Philox uniform
-per entry). Its two logarithms and the random numbers per entry made it compute-bound: 0.15 ms of a
-1.6 ms decode step at 256 rows x 151936 on an H200. This one spends about one exponential per entry
+per entry). Its two logarithms and the random numbers per entry made it compute-bound (docs/
+measurements.md). This one spends about one exponential per entry
 (`python benchmarks/sampler.py --device cuda --rows 256 --vocab 151936` times it against the torch
 paths). Without Triton or CUDA, `available()` is False and the torch path runs.
 """

@@ -17,12 +17,11 @@ silu(gate) * up with the post-attention RMSNorm's row scale another (`silu_mul.p
 For that the two RMSNorm weights are folded into the fused q/k/v and gate/up weights (`fold_norms`, on
 where the Triton kernels run; not the q/k/v fold for Qwen3, whose per-head q/k norm follows the
 projection): RMSNorm(x) W^T = rsqrt(mean(x^2) + eps) * (x (W * g)^T), the row scale applied after the
-product. On an H200 at 256 rows the step fell from 2.75 to about 1.9 ms with the first kernels, and by a
-further ~0.2 ms with the folds and the single attention kernel.
+product. Both shortened the decode step on an H200 (docs/measurements.md).
 
 The rotary cos / sin come from a table of the model's own rotary embedding over positions 0..P-1: one
 lookup instead of about a dozen ops per step (on the CPU a small step's time is mostly per-op overhead;
-on an H200 those ops were ~10 kernels and ~12 us of each captured step). The CPU's table grows by
+on a GPU those ops are ~10 kernels of each captured step). The CPU's table grows by
 doubling; the CUDA table is built once over the context (at most `MAX_TABLE` positions), since captured
 graphs hold its address. Not for dynamic rotary types, whose frequencies depend on the sequence length.
 """

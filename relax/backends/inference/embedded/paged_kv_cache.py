@@ -144,17 +144,14 @@ class PagedKVCache:
 
     def alloc(self, n: int, force: bool = False) -> list[int] | None:
         """n fresh blocks (one reference each), or None when the budget cannot give them. The pool grows
-        by doubling; blocks only the prefix cache holds are evicted first when they are half the pool, else
-        once it cannot grow. `force`: grow past the budget (a lone row)."""
+        by doubling up to the budget; past it, blocks only the prefix cache holds are evicted (a few dozen
+        at a time: each eviction scans the cache's LRU order). `force`: grow past the budget (a lone row)."""
         while len(self.free) < n:
             short = n - len(self.free)
-            if self.reclaim and self.cache_only * 2 >= self.num_blocks and self.reclaim(short):
-                continue
-            cap = self.max_blocks if not force else max(self.max_blocks, self.num_blocks + short)
-            want = min(max(2 * self.num_blocks, 64, self.num_blocks + short), cap)
+            want = min(max(2 * self.num_blocks, 64, self.num_blocks + short), self.max_blocks)
             if self._grow(want):
                 continue
-            if self.reclaim and self.cache_only and self.reclaim(short):
+            if self.reclaim and self.cache_only and self.reclaim(max(short, 32)):
                 continue
             if force and self._grow(self.num_blocks + short):
                 continue

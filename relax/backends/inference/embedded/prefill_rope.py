@@ -2,8 +2,8 @@
 
 In torch ops the rotary embedding of q and k is three kernels over the prompt's [tokens, heads, D] (the
 half swap, x * cos, the fused multiply-add) and the cache write two more (`index_put_` of keys and
-values): on an H200, 180 us a layer for 256 prompts of 128 tokens, ~9 ms of a 60 ms prefill
-(`benchmarks/engine.py --profile`). Here one program per (token, head) reads the head once, rotates it in
+values), a visible share of a prefill (`benchmarks/engine.py --profile`; docs/measurements.md). Here one
+program per (token, head) reads the head once, rotates it in
 float32 and writes it back in place (the projection's output, so SDPA reads q and k as views of it);
 a key head also goes, with its value head, into the token's slot and column of the cache, or with a
 block table (`paged_kv_cache.py`) into block table[row, column // PAGE] at offset column % PAGE.

@@ -11,8 +11,8 @@ model body (vision/audio encoders, then the decoder) with the model's own mrope 
 decoder position `cache column + delta`.
 
 On CUDA, attention runs on the flash / memory-efficient / math SDPA kernels, never cuDNN's: cuDNN builds
-an execution plan for every new shape (about 2 ms of host time per call, and the attended length grows
-every step). Decode steps of the lean decoder replay CUDA graphs (`cuda_graphs.py`).
+an execution plan for every new shape (milliseconds of host time per call, docs/measurements.md, and the
+attended length grows every step). Decode steps of the lean decoder replay CUDA graphs (`cuda_graphs.py`).
 
 Only the engine thread calls `prefill`, `decode` and `load_weights`, so no lock guards the model.
 """

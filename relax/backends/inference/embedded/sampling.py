@@ -12,10 +12,9 @@ Both draw exactly from the truncated distribution; they differ in cost. On CUDA 
 rows all sample without truncation (the usual RL rollout) takes neither: `fused_sampling.py` does the
 log-sum-exp and an inverse-CDF draw in two Triton kernels (parts of each row summed in parallel, then
 one part searched). The inverse CDF needs one random
-number per row where the race needs one per vocabulary entry: on the CPU drawing and scoring V numbers
-took 0.55-0.59 ms of a tiny model's ~3.5 ms decode step at 64 rows, the inverse CDF 0.28-0.33 ms. On a
-GPU the race is one parallel pass while a row-wise scan over 150k entries is not: 0.66 ms against 0.92
-ms per step at 256 rows of Qwen2.5's vocabulary on an H200. A token of probability 0 (truncated, or a
+number per row where the race needs one per vocabulary entry, so on the CPU the inverse CDF is the faster;
+on a GPU the race is one parallel pass while a row-wise scan over 150k entries is not, so the race is
+(docs/measurements.md). A token of probability 0 (truncated, or a
 banned media token) is never drawn either way. Rows with T_b = 0 are greedy (argmax of the logits) and
 report log_softmax(logits) at temperature 1.
 

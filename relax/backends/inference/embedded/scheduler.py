@@ -13,7 +13,7 @@ decode step does little Python work per row: appending each row's token and chec
 
 On CUDA the decode steps overlap the host's work (`overlap`): step k + 1 is launched from step k's sampled
 tokens, still on the device, before the host reads step k's tokens, appends them and checks the finish
-rules, so the GPU does not wait for that Python work (about 0.5 ms a step at 256 rows). A row that
+rules, so the GPU does not wait for that Python work (docs/measurements.md). A row that
 finished at step k has then been decoded once more: that token is dropped, and its cache column lies in
 a block of its own past its cached ones (stream order puts that write before any later owner's). The in-flight step's rows stay in its launch order (`InflightStep.seqs`); when rows leave,
 the next step's inputs are gathered from its tokens in the new order. Admission, and every command that
@@ -193,8 +193,8 @@ class Scheduler(BlockRows):
         used = 0
         chunk = self.chunk_size
         # The batch's budget stays `max_prefill_tokens` with chunking on: it counts padded prompt lengths,
-        # cached prefixes included, so capping it at a chunk admitted one prefix-cache hit a step (agent
-        # turns on the H200: 0.75x the throughput of 16k). The chunk bounds what one long prompt computes.
+        # cached prefixes included, so capping it at a chunk admitted one prefix-cache hit a step (the
+        # agent-turn benchmark lost a quarter of its throughput). The chunk bounds one long prompt's work.
         budget = self.max_prefill_tokens
         for entry in self.waiting:
             unit = [s for s in entry if s.finish is None]

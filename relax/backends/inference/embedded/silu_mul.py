@@ -4,7 +4,7 @@ post-attention RMSNorm's row scale.
 In torch the activation is two kernels and an intermediate (`F.silu(gate).mul_(up)`). The lean decoder
 folds the RMSNorm's weight into its fused gate/up weight and projects the raw residual row x; the row scale
 rsqrt(mean(x^2) + eps) then multiplies gate and up here, before the silu, so the norm costs no kernel of
-its own (on an H200 at 256 rows, 2.7 us a layer). Used in decode steps and prefills alike.
+its own (docs/measurements.md). Used in decode steps and prefills alike.
 """
 
 from __future__ import annotations
