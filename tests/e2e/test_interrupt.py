@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from relax.orchestration import checkpoint as ckpt
-from tests.faults.places import marked_pids
+from tests.faults.places import HOOK_DIR, marked_pids
 
 pytestmark = pytest.mark.slow
 
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.slow
 TOKEN = f"relax-interrupt-{uuid.uuid4().hex}"  # marks every process the run starts (Ray inherits env)
 
 
-def _train(args, log):
-    env = {**os.environ, "RELAX_LOG_LEVEL": "INFO", "RELAX_TEST_TOKEN": TOKEN}
+def _train(args, log, **extra_env: str):
+    env = {**os.environ, "RELAX_LOG_LEVEL": "INFO", "RELAX_TEST_TOKEN": TOKEN, **extra_env}
     cmd = [sys.executable, "-m", "relax.entrypoints.cli", "train", *args]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -48,17 +49,16 @@ def _args(tmp_path, tiny_model_dir, arith_file, name: str, *extra: str) -> list[
     ]
 
 
-def _sigterm_once(args: list[str], log_file: Path, ready: str, settle_s: float) -> str:
-    """Start the run, wait for `ready` in its log (and `settle_s` more), send one SIGTERM to the driver;
-    the exit must be code 130. Returns the log. How fast it stops is not asserted here (a loaded machine
-    stretches every phase): the log must name the phase the stop came in."""
+def _sigterm_once(args: list[str], log_file: Path, ready: Callable[[], bool], **extra_env: str) -> str:
+    """Start the run, wait until `ready()`, send one SIGTERM to the driver; the exit must be code 130.
+    Returns the log. How fast it stops is not asserted here (a loaded machine stretches every phase):
+    the log must name the phase the stop came in."""
     with open(log_file, "w") as log:
-        proc = _train(args, log)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None and ready not in log_file.read_text():
+        proc = _train(args, log, **extra_env)
+        deadline = time.monotonic() + 480
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
             time.sleep(0.1)
-        time.sleep(settle_s)
-        assert proc.poll() is None, log_file.read_text()[-3000:]
+        assert proc.poll() is None and ready(), log_file.read_text()[-3000:]
         proc.send_signal(signal.SIGTERM)  # to the driver, as a scheduler or `kill` sends it
         try:  # generous: a hang fails the test instead of blocking it
             assert proc.wait(timeout=300) == 130, log_file.read_text()[-3000:]
@@ -80,7 +80,7 @@ def test_sigterm_while_roles_start_ends_the_run(tiny_model_dir, arith_file, tmp_
     left running; it no longer waits for a step that never starts."""
     log_file = tmp_path / "log.txt"
     args = _args(tmp_path, tiny_model_dir, arith_file, "early")
-    text = _sigterm_once(args, log_file, "starting roles", 0.0)
+    text = _sigterm_once(args, log_file, lambda: "starting roles" in log_file.read_text())
     assert "stop requested while roles" in text, text[-3000:]
     metrics = tmp_path / "early" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip()  # no step ran
@@ -143,8 +143,19 @@ def test_sigterm_during_a_stuck_step_stops_after_the_grace(tiny_model_dir, arith
         "ops.stop_grace_s=5",
         "schedule.debug_train_delay_s=600",
     )
-    # 5 s after the roles are up: inside step 1's update (which sleeps 600 s: only the grace ends it)
-    text = _sigterm_once(args, log_file, "roles metrics, rollout, actor are up", 5.0)
+    # once step 1's update has started (it sleeps 600 s: only the grace ends it), whatever the load; the
+    # fault suite's phase hook (tests/faults/hook) marks the Actor's train_sync call in `fault_dir/hit`
+    fault_dir = tmp_path / "fault"
+    fault_dir.mkdir()
+    (fault_dir / "arm").write_text(json.dumps({"phase": "update", "hold_s": 0}))
+    path = os.pathsep.join([str(HOOK_DIR), str(Path.cwd()), os.environ.get("PYTHONPATH", "")])
+    text = _sigterm_once(
+        args,
+        log_file,
+        lambda: (fault_dir / "hit").exists(),
+        RELAX_FAULT_DIR=str(fault_dir),
+        PYTHONPATH=path.rstrip(os.pathsep),
+    )
     assert "did not finish the update of step 1 within ops.stop_grace_s=5s" in text, text[-3000:]
     _nothing_left_running()
 
