@@ -132,8 +132,13 @@ def test_a_weight_update_empties_the_cache_and_old_kv_is_never_reused(tiny_model
     try:
         old = e.generate(prompt, GREEDY)[0].output_ids
         assert e.metrics().prefix_cache_tokens > 0
+        kv = e.scheduler.cache
+        old_blocks = {int(b) for b in kv.cached.nonzero()[0]}
+        assert old_blocks
         e.update_weights_from_disk(str(new_dir), weight_version="1")
         assert e.metrics().prefix_cache_tokens == 0
+        # the pool keeps no block of the old weights: none cached, none referenced (nothing runs)
+        assert not kv.cached.any() and all(kv.refs[b] == 0 for b in old_blocks)
         before = e.scheduler.prefill_computed
         got = e.generate(prompt, GREEDY)[0].output_ids
         assert e.scheduler.prefill_computed - before == len(prompt)  # nothing reused
