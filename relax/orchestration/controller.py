@@ -131,10 +131,7 @@ class Controller:
             watch=self.watchdog,
             overlap=overlaps_push(self.cfg),
         )
-        self.stop.effect = (
-            f"finishing the current step (at most ops.stop_grace_s={self.cfg.ops.stop_grace_s:g}s), then "
-            "saving a checkpoint (press Ctrl-C again to stop at once)"
-        )
+        self.stop.steps_begin(self.cfg.ops.stop_grace_s)
         flow.group.reform(
             self.watchdog.wait(handles["rollout"].engine_urls.remote(), "rollout", "the engine list")
         )
@@ -156,8 +153,7 @@ class Controller:
                 metrics.update(self.health.metrics())
                 self._record(step, metrics, phases)
                 progress.update(step, metrics, log=step % cfg.ops.log_interval == 0)
-                interval = cfg.ops.checkpoint_interval
-                if interval and step % interval == 0 and step < cfg.trainer.num_steps:
+                if self._checkpoint_due(step):
                     self._save(step)
             if step > start_step or not ckpt.latest_checkpoint(self.run_dir):
                 self._save(step)
@@ -200,11 +196,13 @@ class Controller:
         """overlap_push: whether step `step`'s update may start before the step before it is pushed. Not
         past the last step, after a stop request, nor when a checkpoint follows the step before (it
         saves the Actor as that step left it)."""
-        interval, before = self.cfg.ops.checkpoint_interval, step - 1
-        saves = bool(interval) and before % interval == 0
-        return (
-            self.flow.overlap and step <= self.cfg.trainer.num_steps and not self.stop.requested and not saves
-        )
+        in_run = step <= self.cfg.trainer.num_steps
+        return self.flow.overlap and in_run and not self.stop.requested and not self._checkpoint_due(step - 1)
+
+    def _checkpoint_due(self, step: int) -> bool:
+        """Every `ops.checkpoint_interval` steps; the last step's checkpoint is saved after the loop."""
+        interval = self.cfg.ops.checkpoint_interval
+        return bool(interval) and step % interval == 0 and step < self.cfg.trainer.num_steps
 
     def _eval_due(self, step: int) -> bool:
         ev = self.cfg.eval

@@ -33,6 +33,13 @@ class StopRequest:
             self.asked_at = time.monotonic()
             return True
 
+    def steps_begin(self, grace_s: float) -> None:
+        """From now on a stop lets the step in flight finish (within `grace_s`) and saves it."""
+        self.effect = (
+            f"finishing the current step (at most ops.stop_grace_s={grace_s:g}s), then saving a checkpoint "
+            "(press Ctrl-C again to stop at once)"
+        )
+
     def check(self, phase: str) -> None:
         """Raise `RunStopped` when a stop was requested (the start checks this between its phases)."""
         if self.requested:

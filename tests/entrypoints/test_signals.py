@@ -52,10 +52,10 @@ def test_the_first_signal_requests_a_stop_and_the_second_stops_at_once(sig, no_h
 
 def test_a_stop_once_steps_run_says_the_step_finishes_first(no_hard_exit, caplog):
     stop = StopRequest()
-    stop.effect = "finishing the current step"
+    stop.steps_begin(5.0)
     with signals.stop_on_signals(stop):
         os.kill(os.getpid(), signal.SIGTERM)
-    assert "SIGTERM: finishing the current step" in caplog.text
+    assert "SIGTERM: finishing the current step (at most ops.stop_grace_s=5s)" in caplog.text
     assert not stop.request()  # already requested: the first request's time stands
 
 
