@@ -108,7 +108,7 @@ def triton_linear():
 
 
 def attention_sweep(rows: int) -> None:
-    from relax.backends.inference.embedded import decode_attention as da
+    from relax.backends.inference.embedded.model import decode_attention as da
 
     Hk, R, D, slots, max_len = 2, 7, 64, rows, 1024
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -150,7 +150,7 @@ def attention_sweep(rows: int) -> None:
 
 def paged_case(rows: int, L: int, g: torch.Generator) -> dict:
     """One (rows, columns) case of `--paged`: microseconds over slots and over pages of 16 and 64."""
-    from relax.backends.inference.embedded.attention_step import attention_step
+    from relax.backends.inference.embedded.model.attention_step import attention_step
 
     Hq, Hk, D, C = 14, 2, 64, L + 64
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
@@ -181,8 +181,8 @@ def paged_case(rows: int, L: int, g: torch.Generator) -> dict:
 
         row[f"page{page}_us"] = round(graph_time_us(paged, 20), 1)
         if page == 16:  # the split-K count the engine picks, and more (latency of the table's indirection)
-            from relax.backends.inference.embedded import attention_step as ast
-            from relax.backends.inference.embedded import decode_attention as da
+            from relax.backends.inference.embedded.model import attention_step as ast
+            from relax.backends.inference.embedded.model import decode_attention as da
 
             base = da.splits_for(rows, Hk, L)
             for mult in (2, 4):

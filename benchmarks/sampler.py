@@ -1,7 +1,7 @@
 """Cost of one batched sampling step: the inverse-CDF draw, the exponential race and (CUDA with Triton)
 the fused kernel (`fused_sampling.py`), same logits.
 
-`relax/backends/inference/embedded/sampling.py` picks the inverse CDF on the CPU and, on CUDA, the fused
+`relax/backends/inference/embedded/sampling/sampling.py` picks the inverse CDF on the CPU and, on CUDA, the fused
 kernel where the batch allows it, else the race; this prints each on the device you name, so the choice
 can be checked on new hardware.
 
@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from relax.backends.inference.embedded import fused_sampling
-from relax.backends.inference.embedded.sampling import BatchSampler, RowParams, make_generator
+from relax.backends.inference.embedded.sampling import fused_sampling
+from relax.backends.inference.embedded.sampling.sampling import BatchSampler, RowParams, make_generator
 
 
 def time_method(method: str, logits: torch.Tensor, iters: int) -> float:

@@ -233,7 +233,7 @@ def _fuzz_route(http: httpx.Client, sent: Counter, path: str, strategy) -> None:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from relax.backends.inference.embedded.server import EngineServer
+    from relax.backends.inference.embedded.http.server import EngineServer
 
     server = EngineServer(
         str(tiny_model_dir),

@@ -97,7 +97,7 @@ class SamplingParams(Strict):
     """Per-request sampling parameters (SGLang names and defaults). SGLang's fields that the engine does
     not implement (`UNSUPPORTED_SAMPLING`) are accepted at their neutral value only; null means a
     field's default, as in SGLang. A grammar (`regex`, `json_schema`, `ebnf`: at most one) restricts
-    every sampled token to those that keep the output a prefix of a match (`embedded/grammar.py`)."""
+    every sampled token to those that keep the output a prefix of a match (`embedded/sampling/grammar.py`)."""
 
     max_new_tokens: int = Field(128, ge=0, description="Cap on generated tokens (clamped to the context).")
     temperature: float = Field(

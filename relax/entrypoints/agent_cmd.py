@@ -69,7 +69,7 @@ def serve_command(args: argparse.Namespace) -> int:
     engine = None
     urls, engine_key = list(args.engine_url), args.engine_api_key
     if not urls:  # an engine of its own on loopback, behind a key only this process knows
-        from relax.backends.inference.embedded.server import EngineServer
+        from relax.backends.inference.embedded.http.server import EngineServer
 
         engine_key = secrets.token_urlsafe(24)
         engine = EngineServer(args.model, port=0, dtype=args.dtype, device=args.device, api_key=engine_key)

@@ -83,7 +83,7 @@ def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from relax.backends.inference.embedded.server import EngineServer
+    from relax.backends.inference.embedded.http.server import EngineServer
     from relax.utils.auth import server_key
     from relax.utils.gc_freeze import freeze_startup_objects
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 
 
 @pytest.fixture(scope="session")

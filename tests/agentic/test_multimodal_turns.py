@@ -10,7 +10,7 @@ from agentic_helpers import agent_config, run
 from transformers import AutoTokenizer
 
 from relax.agentic.rollout import agent_factory
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.data.dataset import PromptRow
 from relax.models.multimodal_model import banned_token_ids, load_causal_lm, mask_media_logits, model_inputs
 from relax.models.tiny import write_tiny_model

@@ -16,8 +16,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
-from relax.backends.inference.embedded.server import EngineServer, build_app
+from relax.backends.inference.embedded.http.openai_backend import EngineOpenAIBackend
+from relax.backends.inference.embedded.http.server import EngineServer, build_app
 from relax.engine_api.openai.convert import tag_term
 from relax.engine_api.openai.messages import TemplateOptions
 from tests.engine_helpers import engine_process

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.fleet.elastic_api import ElasticServer
 from relax.fleet.elastic_manager import ElasticManager
 from relax.rollout.router import Router

@@ -11,7 +11,7 @@ import importlib.util
 import httpx
 import pytest
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.backends.inference.registry import UnknownEngineError
 from relax.config import load_config
 from relax.fleet.fleet import REPLACEMENT_WAIT_S, EngineFleet

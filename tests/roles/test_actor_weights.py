@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.config import load_config
 from relax.engine_api.client import EngineClient
 from relax.roles.actor import ActorRole

@@ -44,7 +44,7 @@ def _check_refused(url: str, app) -> int:
 
 
 def test_engine_routes_ask_for_the_token(tiny_model_dir):
-    from relax.backends.inference.embedded.server import EngineServer
+    from relax.backends.inference.embedded.http.server import EngineServer
 
     server = EngineServer(str(tiny_model_dir), port=0, device="cpu", threads=1, api_key=TOKEN)
     server.start()
@@ -62,7 +62,7 @@ def test_engine_routes_ask_for_the_token(tiny_model_dir):
 
 
 def test_engine_client_sends_the_token(tiny_model_dir):
-    from relax.backends.inference.embedded.server import EngineServer
+    from relax.backends.inference.embedded.http.server import EngineServer
     from relax.engine_api.client import EngineClient, EngineRequestError
 
     server = EngineServer(str(tiny_model_dir), port=0, device="cpu", threads=1, api_key=TOKEN)
@@ -84,7 +84,7 @@ def test_an_external_engine_is_attached_only_with_its_token(tiny_model_dir):
     """`rollout.engine=external`: attaching checks the engine answers the key the run derives for it
     (relax/utils/auth.py: `engine_key`); an engine started for another run refuses it before any
     rollout."""
-    from relax.backends.inference.embedded.server import EngineServer
+    from relax.backends.inference.embedded.http.server import EngineServer
     from relax.backends.inference.sglang import attach_external
     from relax.engine_api.client import EngineRequestError
     from relax.utils.auth import set_process_token

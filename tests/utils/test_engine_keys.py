@@ -99,7 +99,7 @@ def test_an_external_engine_never_receives_the_run_token(run_token, tmp_path):
 
 
 def test_engine_keys_are_per_engine_and_open_the_servers_relax_starts(tiny_model_dir, run_token):
-    from relax.backends.inference.embedded.server import EngineServer
+    from relax.backends.inference.embedded.http.server import EngineServer
     from relax.engine_api.client import EngineClient, EngineRequestError
 
     assert engine_key(run_token, "http://h:1") == engine_key(run_token, "http://h:1/")

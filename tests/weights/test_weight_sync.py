@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.engine_api.client import EngineClient, EngineRequestError
 from relax.weights.disk import DiskPublisher, save_weights
 from relax.weights.publisher import WeightPublisher

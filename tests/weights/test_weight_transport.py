@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.engine_api.client import EngineClient, EngineRequestError
 from relax.weights import ipc as weight_ipc
 from relax.weights.publisher import WeightPublisher, assign

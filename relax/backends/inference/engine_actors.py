@@ -31,7 +31,7 @@ class EngineActor:
     ) -> None:
         """`api_key`: the run's token, which the engine requires (it arrives as an argument, never in
         the actor's environment or options)."""
-        from relax.backends.inference.embedded.server import EngineServer
+        from relax.backends.inference.embedded.http.server import EngineServer
         from relax.utils.auth import set_process_token
         from relax.utils.gc_freeze import freeze_startup_objects
         from relax.utils.logging import setup_logging

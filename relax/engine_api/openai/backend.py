@@ -1,5 +1,5 @@
 """What the OpenAI routes need from the thing that generates: an `OpenAIBackend`. Two implement it: the
-embedded engine (`relax.backends.inference.embedded.openai_backend`) and an external agent's session
+embedded engine (`relax.backends.inference.embedded.http.openai_backend`) and an external agent's session
 (`relax.agentic.session.ChatSession`)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from test_torch_backend import make_batch
 
 from relax.algorithms import AlgorithmConfig
 from relax.algorithms.pipeline import make_policy_loss
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.backends.training.rank_group import TrainerGroup, balance_by_tokens
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import TrainerConfig

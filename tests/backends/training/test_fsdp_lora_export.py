@@ -10,7 +10,7 @@ from test_fsdp_group import assert_engine_matches, fsdp_cfg, train_step
 from test_torch_backend import make_batch
 from transformers import AutoModelForCausalLM
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 from relax.backends.training.export import export_checkpoint
 from relax.backends.training.rank_group import TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax.backends.inference.embedded.chunked_prefill import default_chunk_size
-from relax.backends.inference.embedded.grammar import Grammar, GrammarCompiler
-from relax.backends.inference.embedded.prompt_logprobs import PromptLogprobs, prompt_logprobs
-from relax.backends.inference.embedded.runner import ModelRunner
-from relax.backends.inference.embedded.scheduler import Scheduler
-from relax.backends.inference.embedded.sequence import GenerationResult, OnToken, RequestGroup
+from relax.backends.inference.embedded.model.prompt_logprobs import PromptLogprobs, prompt_logprobs
+from relax.backends.inference.embedded.model.runner import ModelRunner
+from relax.backends.inference.embedded.sampling.grammar import Grammar, GrammarCompiler
+from relax.backends.inference.embedded.scheduling.chunked_prefill import default_chunk_size
+from relax.backends.inference.embedded.scheduling.scheduler import Scheduler
+from relax.backends.inference.embedded.scheduling.sequence import GenerationResult, OnToken, RequestGroup
 from relax.engine_api.protocol import (
     InitWeightsUpdateGroupRequest,
     SamplingParams,

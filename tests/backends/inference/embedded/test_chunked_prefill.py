@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from relax.backends.inference.embedded.chunked_prefill import ChunkedPrefill
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.prefix_cache import BLOCK
+from relax.backends.inference.embedded.scheduling.chunked_prefill import ChunkedPrefill
+from relax.backends.inference.embedded.scheduling.prefix_cache import BLOCK
 from relax.backends.inference.registry import engine_kwargs
 from relax.config.loader import ConfigError, load_config
 from relax.entrypoints.engine_cmd import add_engine_parser

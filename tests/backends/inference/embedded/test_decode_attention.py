@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relax.backends.inference.embedded import decode_attention as da
-from relax.backends.inference.embedded.attention_step import attention_step
-from relax.backends.inference.embedded.lean_decoder import _rotary
-from relax.backends.inference.embedded.prefill_rope import rope_prefill
-from relax.backends.inference.embedded.silu_mul import silu_mul
+from relax.backends.inference.embedded.model import decode_attention as da
+from relax.backends.inference.embedded.model.attention_step import attention_step
+from relax.backends.inference.embedded.model.lean_decoder import _rotary
+from relax.backends.inference.embedded.model.prefill_rope import rope_prefill
+from relax.backends.inference.embedded.model.silu_mul import silu_mul
 
 CAN_RUN = torch.cuda.is_available() and da.available(torch.device("cuda"), torch.bfloat16, 64)
 gpu = pytest.mark.skipif(not CAN_RUN, reason="needs CUDA and Triton")
@@ -234,7 +234,7 @@ def test_silu_mul(N, inner, norm):
 
 @gpu
 def test_engine_decode_step_agrees_with_torch_ops(tiny_model_dir):
-    from relax.backends.inference.embedded.runner import ModelRunner
+    from relax.backends.inference.embedded.model.runner import ModelRunner
 
     runner = ModelRunner(str(tiny_model_dir), device="cuda", dtype="bfloat16", cuda_graphs=False)
     assert runner.lean is not None and runner.lean.triton_decode

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.backends.inference.embedded.cuda_graphs import bucket
-from relax.backends.inference.embedded.runner import ModelRunner
+from relax.backends.inference.embedded.model.cuda_graphs import bucket
+from relax.backends.inference.embedded.model.runner import ModelRunner
 from relax.models.tiny import write_tiny_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from relax.backends.inference.embedded.server import EngineServer
+from relax.backends.inference.embedded.http.server import EngineServer
 
 MAX_BODY = 16 * 1024 * 1024
 KV_BUDGET = 512

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.paged_kv_cache import BLOCK, PagedKVCache
+from relax.backends.inference.embedded.model.paged_kv_cache import BLOCK, PagedKVCache
 
 
 def _cache(max_tokens: int = 64 * BLOCK) -> PagedKVCache:

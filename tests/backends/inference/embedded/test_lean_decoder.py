@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.backends.inference.embedded.runner import ModelRunner
+from relax.backends.inference.embedded.model.runner import ModelRunner
 from relax.models.tiny import write_tiny_model
 
 

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.paged_kv_cache import PagedKVCache
-from relax.backends.inference.embedded.prefix_cache import BLOCK, PrefixCache
+from relax.backends.inference.embedded.model.paged_kv_cache import PagedKVCache
+from relax.backends.inference.embedded.scheduling.prefix_cache import BLOCK, PrefixCache
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 SYSTEM = list(range(1, 3 * BLOCK + 5))  # a shared "system prompt" of three blocks and a bit

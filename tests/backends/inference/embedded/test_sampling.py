@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from relax.backends.inference.embedded import fused_sampling
-from relax.backends.inference.embedded.sampling import BatchSampler, RowParams, make_generator
+from relax.backends.inference.embedded.sampling import fused_sampling
+from relax.backends.inference.embedded.sampling.sampling import BatchSampler, RowParams, make_generator
 
 CPU = torch.device("cpu")
 needs_fused = pytest.mark.skipif(

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 import relax
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.http_errors import bad_request
-from relax.backends.inference.embedded.metrics import render_metrics
-from relax.backends.inference.embedded.prompt_text import encode_prompt
+from relax.backends.inference.embedded.http.http_errors import bad_request
+from relax.backends.inference.embedded.http.metrics import render_metrics
+from relax.backends.inference.embedded.http.prompt_text import encode_prompt
 from relax.engine_api.protocol import SamplingParams, check_unicode
 from relax.weights.ipc import device_uuid
 

@@ -30,7 +30,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from relax.backends.inference.embedded.paged_kv_cache import BLOCK, PagedKVCache
+from relax.backends.inference.embedded.model.paged_kv_cache import BLOCK, PagedKVCache
 
 logger = logging.getLogger(__name__)
 

@@ -62,19 +62,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from relax.backends.inference.embedded.chunked_prefill import ChunkedPrefill
-from relax.backends.inference.embedded.decode_batch import DecodeBatch, InflightStep
-from relax.backends.inference.embedded.kv_blocks import BlockRows
-from relax.backends.inference.embedded.logit_rows import LogitRows
-from relax.backends.inference.embedded.prefix_cache import PrefixCache
-from relax.backends.inference.embedded.runner import ModelRunner
-from relax.backends.inference.embedded.sampling import (
+from relax.backends.inference.embedded.model.runner import ModelRunner
+from relax.backends.inference.embedded.sampling.sampling import (
     BatchSampler,
     make_generator,
     sample_tokens,
     to_lists,
 )
-from relax.backends.inference.embedded.sequence import RequestGroup, Sequence
+from relax.backends.inference.embedded.scheduling.chunked_prefill import ChunkedPrefill
+from relax.backends.inference.embedded.scheduling.decode_batch import DecodeBatch, InflightStep
+from relax.backends.inference.embedded.scheduling.kv_blocks import BlockRows
+from relax.backends.inference.embedded.scheduling.logit_rows import LogitRows
+from relax.backends.inference.embedded.scheduling.prefix_cache import PrefixCache
+from relax.backends.inference.embedded.scheduling.sequence import RequestGroup, Sequence
 
 logger = logging.getLogger(__name__)
 

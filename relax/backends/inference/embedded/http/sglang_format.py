@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax.backends.inference.embedded.grammar import Grammar
-from relax.backends.inference.embedded.prompt_logprobs import PromptLogprobs
-from relax.backends.inference.embedded.sequence import GenerationResult
+from relax.backends.inference.embedded.model.prompt_logprobs import PromptLogprobs
+from relax.backends.inference.embedded.sampling.grammar import Grammar
+from relax.backends.inference.embedded.scheduling.sequence import GenerationResult
 from relax.engine_api.protocol import SamplingParams
 
 

@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relax.backends.inference.embedded import decode_attention
-from relax.backends.inference.embedded.attention_step import attention_step
-from relax.backends.inference.embedded.prefill_rope import rope_prefill
-from relax.backends.inference.embedded.silu_mul import silu_mul
+from relax.backends.inference.embedded.model import decode_attention
+from relax.backends.inference.embedded.model.attention_step import attention_step
+from relax.backends.inference.embedded.model.prefill_rope import rope_prefill
+from relax.backends.inference.embedded.model.silu_mul import silu_mul
 
 logger = logging.getLogger(__name__)
 

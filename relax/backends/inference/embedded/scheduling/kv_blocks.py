@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from relax.backends.inference.embedded.sequence import Sequence
+    from relax.backends.inference.embedded.scheduling.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

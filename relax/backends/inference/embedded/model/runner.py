@@ -31,9 +31,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from transformers import AutoTokenizer
 
-from relax.backends.inference.embedded.cuda_graphs import DecodeGraphs
-from relax.backends.inference.embedded.lean_decoder import LeanDecoder
-from relax.backends.inference.embedded.paged_kv_cache import PagedKVCache
+from relax.backends.inference.embedded.model.cuda_graphs import DecodeGraphs
+from relax.backends.inference.embedded.model.lean_decoder import LeanDecoder
+from relax.backends.inference.embedded.model.paged_kv_cache import PagedKVCache
 from relax.engine_api.protocol import version_to_engine
 from relax.models import multimodal_model as mmm
 

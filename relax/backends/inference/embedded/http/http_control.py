@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.http_errors import bad_request, validation_message
+from relax.backends.inference.embedded.http.http_errors import bad_request, validation_message
 from relax.engine_api.protocol import (
     AbortRequest,
     DestroyWeightsUpdateGroupRequest,

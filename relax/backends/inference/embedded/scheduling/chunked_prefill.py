@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from relax.backends.inference.embedded.runner import ModelRunner
-from relax.backends.inference.embedded.sequence import Sequence
+from relax.backends.inference.embedded.model.runner import ModelRunner
+from relax.backends.inference.embedded.scheduling.sequence import Sequence
 
 GPU_CHUNK = 8192  # SGLang's default on large GPUs: large enough that a chunk's GEMMs stay efficient
 # A CPU prefills far fewer tokens a second, so a GPU-sized chunk would stall its decodes for seconds,

@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.prompt_text import encode_prompt
-from relax.backends.inference.embedded.sequence import GRAMMAR_ABORT
+from relax.backends.inference.embedded.http.prompt_text import encode_prompt
+from relax.backends.inference.embedded.scheduling.sequence import GRAMMAR_ABORT
 from relax.engine_api.openai.backend import ChatPrompt, Choice, OnTokens
 from relax.engine_api.openai.errors import OpenAIError
 from relax.engine_api.openai.messages import TemplateOptions, render_chat

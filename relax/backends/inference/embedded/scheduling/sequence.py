@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from relax.backends.inference.embedded.sampling import RowParams, make_generator
+from relax.backends.inference.embedded.sampling.sampling import RowParams, make_generator
 from relax.engine_api.protocol import SamplingParams
 from relax.engine_api.stop_regex import compile_stop_regex
 

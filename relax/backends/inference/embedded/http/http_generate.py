@@ -22,10 +22,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.http_errors import bad_request, validation_message
-from relax.backends.inference.embedded.prompt_text import encode_prompt
-from relax.backends.inference.embedded.sequence import GenerationResult
-from relax.backends.inference.embedded.sglang_format import Job, Partial, final_item, partial_item
+from relax.backends.inference.embedded.http.http_errors import bad_request, validation_message
+from relax.backends.inference.embedded.http.prompt_text import encode_prompt
+from relax.backends.inference.embedded.http.sglang_format import Job, Partial, final_item, partial_item
+from relax.backends.inference.embedded.scheduling.sequence import GenerationResult
 from relax.data.mm_codec import decode_inputs
 from relax.engine_api.protocol import GenerateRequest, SamplingParams
 from relax.engine_api.streaming import DONE, IncrementalText, drain_until, sse

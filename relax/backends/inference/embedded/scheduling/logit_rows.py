@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from relax.backends.inference.embedded.grammar import allowed_tokens
-from relax.backends.inference.embedded.sequence import Sequence, TopLogprobs
+from relax.backends.inference.embedded.sampling.grammar import allowed_tokens
+from relax.backends.inference.embedded.scheduling.sequence import Sequence, TopLogprobs
 
 
 class LogitRows:

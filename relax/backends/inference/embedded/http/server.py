@@ -28,11 +28,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
-from relax.backends.inference.embedded.http_control import control_router
-from relax.backends.inference.embedded.http_errors import bad_request, validation_message
-from relax.backends.inference.embedded.http_generate import generate_router
-from relax.backends.inference.embedded.http_info import health_router, info_router
-from relax.backends.inference.embedded.openai_backend import EngineOpenAIBackend
+from relax.backends.inference.embedded.http.http_control import control_router
+from relax.backends.inference.embedded.http.http_errors import bad_request, validation_message
+from relax.backends.inference.embedded.http.http_generate import generate_router
+from relax.backends.inference.embedded.http.http_info import health_router, info_router
+from relax.backends.inference.embedded.http.openai_backend import EngineOpenAIBackend
 from relax.data.reasoning import reasoning_style
 from relax.engine_api.openai.errors import openai_error
 from relax.engine_api.openai.routes import openai_router

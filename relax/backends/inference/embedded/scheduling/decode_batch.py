@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from relax.backends.inference.embedded.logit_rows import LogitRows
-from relax.backends.inference.embedded.sampling import BatchSampler
-from relax.backends.inference.embedded.sequence import Sequence
+from relax.backends.inference.embedded.sampling.sampling import BatchSampler
+from relax.backends.inference.embedded.scheduling.logit_rows import LogitRows
+from relax.backends.inference.embedded.scheduling.sequence import Sequence
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax.backends.inference.embedded import decode_attention as da
+from relax.backends.inference.embedded.model import decode_attention as da
 
 
 @functools.cache

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relax.backends.inference.embedded import fused_sampling
+from relax.backends.inference.embedded.sampling import fused_sampling
 
 logger = logging.getLogger(__name__)
 
