@@ -22,7 +22,9 @@ def test_rollout_never_runs_more_than_max_staleness_ahead(s):
         if consumed:
             asyncio.run(gate.mark_consumed(consumed))
         allowed = [k for k in range(1, 20) if gate.may_start(k)]
-        assert max(allowed) == consumed + 1 + s  # the rule: k + 1 - o <= s with k = step - 1, o = consumed + 1
+        assert (
+            max(allowed) == consumed + 1 + s
+        )  # the rule: k + 1 - o <= s with k = step - 1, o = consumed + 1
 
 
 def test_resume_counts_from_first_step():
