@@ -82,7 +82,9 @@ def test_frequencies_hold_across_a_vocabulary_of_many_parts(method):
     logits[4096:8192] = -6.0  # a part of small, spread mass: about a fifth of the total
     hot = torch.tensor([0, 4095, 4096, 9000, V - 1])
     logits[hot] = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0])
-    draws = 40_000
+    # The torch paths do not sum in parts, and the tests above hold them to 40k draws; here each draw
+    # expands a 49k-entry row, so they take fewer (same 5-SE bound, seeded): the kernel keeps 40k.
+    draws = 40_000 if method == "fused" else 8_000
     freq = _frequencies(logits, _row(temperature=0.9), draws, method)
     probs = torch.softmax(logits.double() / 0.9, -1)
     _close(freq[hot], probs[hot], draws)
