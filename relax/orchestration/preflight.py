@@ -22,6 +22,7 @@ from typing import Any
 from relax.backends.inference.registry import UnknownEngineError, engine_backend
 from relax.config import RelaxConfig
 from relax.config.paths import ConfigPath, config_paths, path_problem
+from relax.weights.sender import TRANSPORTS
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +68,19 @@ def check_extras(cfg: RelaxConfig) -> None:
 
 
 def check_local(cfg: RelaxConfig) -> None:
-    """`rollout.engine` names a known engine backend, the optional packages the config needs are
+    """`rollout.engine` names a known engine backend and `trainer.weight_sync_backend` a known weight
+    transport, the optional packages the config needs are
     installed, every path the config names is usable here (the driver), and the data rows are well formed
     for the rewards that score them, before Ray starts."""
     try:
         engine_backend(cfg.rollout.engine)
     except UnknownEngineError as e:
         raise PreflightError(str(e)) from None
+    if cfg.trainer.weight_sync_backend not in TRANSPORTS:
+        raise PreflightError(
+            f"unknown trainer.weight_sync_backend {cfg.trainer.weight_sync_backend!r}: "
+            f"use one of {', '.join(sorted(TRANSPORTS))} (docs/weights.md)"
+        )
     check_extras(cfg)
     problems = [f"{p.key} = {p.path}: {why}" for p in config_paths(cfg) if (why := path_problem(p))]
     if problems:

@@ -109,3 +109,11 @@ def test_every_node_checks_the_paths_and_proves_the_run_folder_is_shared(
 def test_servers_stay_on_loopback_on_a_one_node_cluster(ray_cluster):
     assert resolve_bind("auto") == "loopback" and bind_address("auto") == "127.0.0.1"
     assert resolve_bind("node") == "node" and bind_address("node") == "127.0.0.1"  # the node is loopback
+
+
+def test_an_unknown_weight_transport_is_named_before_ray_starts(tmp_path, tiny_model_dir, arith_file):
+    cfg = cfg_for(
+        str(tiny_model_dir), str(arith_file), str(tmp_path), "trainer.weight_sync_backend=carrier-pigeon"
+    )
+    with pytest.raises(PreflightError, match=r"weight_sync_backend 'carrier-pigeon'.*auto, disk, gloo, nccl"):
+        check_local(cfg)

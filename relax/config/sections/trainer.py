@@ -90,9 +90,12 @@ class TrainerConfig(Section):
         "comes from the update's own forward, on the same weights, instead of a forward pass of its own "
         "(docs/trainer.md).",
     )
-    weight_sync_backend: Literal["auto", "nccl", "gloo", "disk"] = Field(
+    # A name in relax.weights.sender.TRANSPORTS, checked before Ray starts (preflight): a new transport
+    # is added in relax/weights/ alone (docs/weights.md), which config/ may not import.
+    weight_sync_backend: str = Field(
         "auto",
-        description="How the trainer's weights reach the engines: `auto` = a broadcast group over NCCL when "
+        description="How the trainer's weights reach the engines (a transport of relax.weights.sender."
+        "TRANSPORTS): `auto` = a broadcast group over NCCL when "
         "the trainer and engines hold GPUs (receivers on a training rank's own GPU get CUDA IPC instead), "
         "gloo (through host memory) on CPU or when SGLang engines share the trainer's GPUs; `disk` = "
         "safetensors files under `<run_dir>/weights` that the engines load, for engines that cannot join a "
