@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# the engine tests' shared server and its companions (tests/backends/, tests/engine_api/ and others)
+pytest_plugins = ["tests.engine_fixtures"]
+
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")  # deploys start sooner (service.py)

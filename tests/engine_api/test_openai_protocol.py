@@ -1,7 +1,7 @@
 """Protocol details of the engine's `/v1` routes and `/generate` that clients rely on (issue 46):
 `echo` with prompt log-probs (lm-eval's scoring request), penalties and `min_new_tokens`, a tool call cut
 by `max_tokens`, a grammar the model cannot follow, ASCII `\\d` / `\\w` in `regex`, and unknown model
-names. Each against the shared tiny-model engine server (tests/engine_api/conftest.py)."""
+names. Each against the shared tiny-model engine server (tests/engine_fixtures.py)."""
 
 from __future__ import annotations
 
