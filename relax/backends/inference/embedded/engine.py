@@ -158,7 +158,7 @@ class EmbeddedEngine:
         """Start the engine thread. Freezing the process's start-up objects out of the cyclic garbage
         collector is the process's call, not the engine's (`relax/utils/gc_freeze.py`; `relax engine
         serve` and the engine's Ray actor do): without it a full collection stalls every running request
-        (a 0.27 s hole before a step on the H200)."""
+        (docs/measurements.md has the size of that stall)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="relax-engine", daemon=True)
             self._thread.start()
