@@ -25,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.faults.harness import MODES, Cell, Result, new_work_dir, run_cell  # noqa: E402
+from tests.faults.cells import MODES, Cell, Result  # noqa: E402
+from tests.faults.harness import new_work_dir, run_cell  # noqa: E402
 from tests.faults.places import make_assets  # noqa: E402
 
 ONE, CLUSTER = "one", "cluster"

@@ -30,9 +30,23 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tests.faults.cells import (
+    CKPT_EVERY,
+    FINISH_S,
+    PROMPTS,
+    REWARD_STALL_S,
+    SAMPLES,
+    STEPS,
+    STOP_GRACE_S,
+    Cell,
+    CellFailed,
+    Expect,
+    Result,
+    expected,
+    span,
+)
 from tests.faults.places import (
     REPO,
     TITLES,
@@ -45,16 +59,12 @@ from tests.faults.places import (
 
 CONFIG = REPO / "tests" / "toy_arith.yaml"
 
-MODES = ("colocate", "hybrid", "fully_async")
-STEPS, PROMPTS, SAMPLES, CKPT_EVERY = 6, 8, 4, 2
 ARM_AFTER = 2  # the fault is armed once this step is logged: a checkpoint exists, the run is warm
 HOLD_S = 2.0  # how long the hooked call waits once hit, so the fault lands inside the phase
-STOP_GRACE_S = 5.0
 # phases Relax marks itself with a fault point (relax/utils/faults.py, the same RELAX_FAULT_DIR); the
 # others are reached through the test-only hook (tests/faults/hook/sitecustomize.py)
 POINTS = {"rollout": "router.request", "push": "weight_push.push"}
 START_S = 300.0  # start-up and the steps before the fault (the machine may be loaded)
-FINISH_S = 300.0  # from the fault to the end of a run that recovers (a global restart included)
 
 
 # -- helpers (also used by tests/ops/test_faults_e2e.py and tests/e2e/test_interrupt.py) ---------------
@@ -103,85 +113,6 @@ def wait_for(cond: Callable[[], object], what: str, timeout_s: float = START_S, 
             return got
         time.sleep(poll_s)
     raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
-
-
-# -- cells and results ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Cell:
-    """`fault`: kill:<engine|rollout|actor|actor_fwd|metrics|driver>, sigterm2, host_lost, disk_full,
-    hung_reward (reward.timeout_s gives the fallback), reward_stall (ops.step_timeout_s names it),
-    refused_group. `phase`: startup, rollout, push, update, eval, checkpoint, reward. `hosts`: one or
-    cluster."""
-
-    fault: str
-    phase: str
-    mode: str = "colocate"
-    hosts: str = "one"
-
-    @property
-    def name(self) -> str:
-        return f"{self.fault}@{self.phase}/{self.mode}/{self.hosts}"
-
-    @property
-    def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-")
-
-
-@dataclass
-class Expect:
-    kind: str  # "finished" | "stopped" | "resumed"
-    cause: str = ""  # stopped: a regex the run's output must hold
-    bound_s: float = FINISH_S  # from the fault to the exit
-
-
-def expected(cell: Cell) -> Expect:
-    """What the docs promise for the cell (docs/operations.md)."""
-    if cell.fault == "kill:driver":
-        return Expect("resumed", bound_s=60)
-    if cell.fault == "sigterm2":  # the second signal stops at once; the done-when: grace + 10 s
-        return Expect("stopped", r"SIGTERM again: stopping now", STOP_GRACE_S + 10)
-    if cell.fault == "disk_full":
-        return Expect("stopped", r"No space left on device", 120)
-    if cell.fault == "reward_stall":
-        return Expect("stopped", r"stalled: \w+ did not finish", REWARD_STALL_S + 60)
-    return Expect("finished")
-
-
-REWARD_STALL_S = 20  # ops.step_timeout_s of the reward_stall cells
-
-
-@dataclass
-class Result:
-    cell: Cell
-    outcome: str  # "finished, exact steps" | "stopped, named cause" | "resumed, exact steps" | "FAILS: ..."
-    recover_s: float | None = None  # fault -> first step logged after it (finished), -> exit (stopped)
-    steps: str = ""  # the steps in metrics.jsonl, e.g. "1-6"
-    samples: str = ""  # samples trained / expected
-    seconds: float = 0.0  # the whole cell
-    notes: list[str] = field(default_factory=list)
-    log: str = ""  # the run's output file
-    injected: bool = True  # whether the fault was injected (a run may fail before)
-
-    @property
-    def ok(self) -> bool:
-        return not self.outcome.startswith("FAILS")
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out["cell"] = {**asdict(self.cell), "name": self.cell.name}
-        return out
-
-
-class CellFailed(Exception):
-    """The cell's outcome differs from the promise; the message says how."""
-
-
-def span(steps: list[int]) -> str:
-    if not steps:
-        return "none"
-    if steps == list(range(steps[0], steps[-1] + 1)):
-        return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
-    return ",".join(map(str, steps))
 
 
 # -- one cell --------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ import sys
 import httpx
 import pytest
 
+from tests.faults.cells import Cell, span
 from tests.faults.fake_engine import REFUSAL, FakeEngine
-from tests.faults.harness import Cell, run_cell, span
+from tests.faults.harness import run_cell
 from tests.faults.places import HOOK_DIR, Assets
 
 
