@@ -52,12 +52,15 @@ def arith_file(tmp_path_factory):
 def ray_cluster():
     """A local Ray cluster on 127.0.0.1 for the whole session (started once; roles share it), with Ray's
     token authentication as every cluster Relax starts (relax/orchestration/ray_token.py); processes the
-    tests start inherit its token's path."""
+    tests start inherit its token's path. Ray Serve runs in it for the session: a run leaves a Serve it
+    did not start running (`service.shutdown`), so the in-process runs share one controller."""
     import ray
+    from ray import serve
 
     from relax.orchestration.service import start_ray
 
     start_ray(None, num_cpus=8, object_store_mb=1024)
+    serve.start(proxy_location="Disabled")  # not `service.start_serve`: this Serve is the session's
     yield
     ray.shutdown()
 

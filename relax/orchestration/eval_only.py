@@ -74,7 +74,10 @@ def run_eval(cfg: RelaxConfig, checkpoint: str | None) -> dict[str, float]:
                 enabled=cfg.ops.progress,
             )
         finally:
-            rollout.stop_engines.remote().result(timeout_s=60)
+            try:
+                rollout.stop_engines.remote().result(timeout_s=60)
+            finally:
+                service.delete_roles()
     finally:
         service.shutdown(stop_ray=owns_ray)
     with (out_dir / "metrics.jsonl").open("a") as fh:

@@ -40,6 +40,10 @@ LOCAL_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # relax/utils/logging.py in each role's process, which inherits it.
 LOG_DIR_ENV = "RELAX_LOG_DIR"
 _serve_logs_dir: str | None = None  # Serve's log folder of this process's run (start_serve), else Ray's
+# Serve as this process found it: a run shuts Serve down only when it started it (`shutdown`), so a
+# cluster's other Serve applications (and a test session's shared Serve) outlive the run.
+_serve_started = False
+_deployed: set[str] = set()  # the Serve applications this process deployed and has not deleted
 
 
 def cluster_address(configured: str | None) -> str | None:
@@ -190,10 +194,24 @@ def start_serve(log_dir: Path | None = None) -> None:
     global _serve_logs_dir
     from ray import serve
 
+    global _serve_started
     _serve_logs_dir = str(Path(log_dir) / "serve") if log_dir is not None else None
     # `import ray.serve` gives its logger a console handler at INFO ("Started Serve in namespace ...")
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    _serve_started = _serve_started or not serve_running()  # a later attempt finds the Serve it started
     serve.start(proxy_location="Disabled", logging_config=_logging_config())
+
+
+def serve_running() -> bool:
+    """Whether Ray Serve's controller runs in the connected cluster."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
 
 
 def _logging_config() -> Any:
@@ -297,6 +315,7 @@ def deploy_roles(
     clear_start_failures(names)
     targets = [serve.RunTarget(_application(r), name=r.name, route_prefix=None) for r in roles]
     handles = serve.run_many(targets, wait_for_applications_running=False)
+    _deployed.update(names)
     deadline = time.monotonic() + timeout_s
     pending = set(names)
     while pending:
@@ -346,19 +365,22 @@ def delete_role(name: str) -> None:
     from ray import serve
 
     serve.delete(name)
+    _deployed.discard(name)
     logger.info("role %s removed", name)
 
 
 def delete_roles(timeout_s: float = 60.0) -> None:
-    """Stop every role: delete all Serve applications at once (each replica shuts down gracefully) and
-    wait until they are gone, keeping Serve's controller for the next attempt or `shutdown`."""
+    """Stop every role: delete the Serve applications this process deployed at once (each replica shuts
+    down gracefully; other applications in the cluster are not the run's) and wait until they are gone,
+    keeping Serve's controller for the next attempt or `shutdown`."""
     import ray
     from ray import serve
 
     if not ray.is_initialized():
         return
     try:
-        names = list(serve.status().applications)
+        names = sorted(_deployed & set(serve.status().applications))
+        _deployed.clear()
         for name in names:
             serve.delete(name, _blocking=False)
         deadline = time.monotonic() + timeout_s
@@ -389,14 +411,19 @@ def shutdown(stop_ray: bool) -> None:
     """The end of a run. `stop_ray` (Relax started the cluster): stop the cluster, Serve with it; the
     roles were deleted before (`delete_roles`), and `serve.shutdown()` here would have Serve's controller
     kill itself under the driver's pending calls, which Ray reports as warnings on a clean exit. A cluster
-    Relax joined keeps running, so Serve is shut down in it."""
+    Relax joined keeps running: Serve is shut down in it when this run started it, and left as found
+    otherwise (the cluster's own Serve applications, or a test session's Serve shared by its runs)."""
+    global _serve_started
     import ray
     from ray import serve
 
+    started, _serve_started = _serve_started, False
     if not ray.is_initialized():
         return
     if stop_ray:
         ray.shutdown()
+        return
+    if not started:
         return
     try:
         serve.shutdown()

@@ -1,10 +1,9 @@
 """Each algorithm, selected by one config key, trains the toy task through the real stack.
 
-Two representatives must learn (the mean reward of the last window beats the first by a margin chosen
-from measured runs): PPO (critic and GAE) and GSPO (sequence-level ratios); GRPO learns in
-tests/e2e/test_modes_e2e.py. The others run a few steps end to end (their
+GRPO, PPO (critic and GAE) and GSPO (sequence-level ratios) must learn: they do in
+tests/e2e/test_modes_e2e.py, one per execution mode. The others run a few steps end to end here (their
 losses and advantages are checked against closed forms in tests/algorithms): a learning run per
-algorithm costs two minutes of the suite, a smoke run a fraction of that. All of them gained 0.08-0.25
+algorithm costs a minute of the suite, a smoke run a fraction of that. All of them gained 0.08-0.25
 over 30 steps when last measured one by one.
 """
 
@@ -20,14 +19,9 @@ from relax.orchestration.controller import Controller
 
 pytestmark = pytest.mark.slow
 
-STEPS = 30
-WINDOW = 6
-MARGIN = 0.03  # measured: every algorithm below gains 0.08-0.25 over these 30 steps
-
-LEARNERS = ["ppo", "gspo"]
 # A run's start-up costs more than its steps, so CI runs the algorithms that together take every piece
 # end to end at least once: each advantage normalizer and estimator, the critic (ppo), the teacher
-# (on_policy_distillation), the on-policy-only path (rloo); grpo is every other e2e test's algorithm.
+# (on_policy_distillation), the on-policy-only path (rloo); grpo, ppo and gspo learn in test_modes_e2e.py.
 # The rest differ from those only in a policy loss or defaults, which tests/algorithms checks on
 # tensors; they run end to end in the full tier (bash scripts/test.sh --full).
 SMOKE = ["rloo", "reinforce_plus_plus_baseline", "on_policy_distillation"]
@@ -55,16 +49,6 @@ def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path) -> list[di
     )
     assert Controller(cfg).run() == steps
     return [json.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.mark.parametrize("name", LEARNERS)
-def test_algorithm_learns(name, ray_cluster, tiny_model_dir, arith_file, tmp_path):
-    rows = _run(name, STEPS, tiny_model_dir, arith_file, tmp_path)
-    rewards = [r["rollout/reward_mean"] for r in rows]
-    first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
-    assert last > first + MARGIN, (
-        f"{name}: reward {first:.3f} -> {last:.3f} ({[round(r, 2) for r in rewards]})"
-    )
 
 
 @pytest.mark.parametrize("name", [*SMOKE, *(pytest.param(n, marks=pytest.mark.full) for n in SMOKE_FULL)])

@@ -14,3 +14,8 @@ class Broken:
 class Slow:
     def __init__(self) -> None:
         time.sleep(60)
+
+
+class Echo:
+    def ping(self) -> str:
+        return "pong"
