@@ -38,13 +38,16 @@ class TQActors:
     conf: Any
     units: dict[str, Any] = field(default_factory=dict)
 
-    def close(self) -> None:
-        """Stop the storage units (gracefully, then killed) and the controller. Never raises."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop the storage units (gracefully, then killed; only killed when not `graceful`: a start that
+        failed has units that may never run, and waiting for them to shut down would only wait out the
+        timeout) and the controller. Never raises."""
         import ray
 
         units = list(self.units.values())
         try:
-            ray.get([u.shutdown.remote() for u in units], timeout=SHUTDOWN_TIMEOUT_S)
+            if graceful:
+                ray.get([u.shutdown.remote() for u in units], timeout=SHUTDOWN_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - they are killed below anyway
             logger.warning("TransferQueue storage units did not shut down gracefully: %s", e)
         for actor in [*units, self.controller]:
@@ -104,7 +107,7 @@ def start_tq(
         conf.backend.SimpleStorage.zmq_info = dict(zip(started.units, infos, strict=True))
         _wait(started.controller.store_config.remote(conf), deadline, "controller", options, timeout_s)
     except BaseException:
-        started.close()
+        started.close(graceful=False)
         raise
     logger.info("TransferQueue: controller and %d storage unit(s) up, each %s", len(started.units), options)
     return started

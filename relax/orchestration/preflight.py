@@ -22,7 +22,6 @@ from typing import Any
 from relax.backends.inference.registry import UnknownEngineError, engine_backend
 from relax.config import RelaxConfig
 from relax.config.paths import ConfigPath, config_paths, path_problem
-from relax.weights.sender import TRANSPORTS
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +75,8 @@ def check_local(cfg: RelaxConfig) -> None:
         engine_backend(cfg.rollout.engine)
     except UnknownEngineError as e:
         raise PreflightError(str(e)) from None
+    from relax.weights.sender import TRANSPORTS  # here: the node checks import this module without torch
+
     if cfg.trainer.weight_sync_backend not in TRANSPORTS:
         raise PreflightError(
             f"unknown trainer.weight_sync_backend {cfg.trainer.weight_sync_backend!r}: "

@@ -19,13 +19,13 @@ from relax.orchestration.controller import Controller
 
 pytestmark = pytest.mark.slow
 
-# A run's start-up costs more than its steps, so CI runs the algorithms that together take every piece
-# end to end at least once: each advantage normalizer and estimator, the critic (ppo), the teacher
-# (on_policy_distillation), the on-policy-only path (rloo); grpo, ppo and gspo learn in test_modes_e2e.py.
-# The rest differ from those only in a policy loss or defaults, which tests/algorithms checks on
-# tensors; they run end to end in the full tier (bash scripts/test.sh --full).
-SMOKE = ["rloo", "reinforce_plus_plus_baseline", "on_policy_distillation"]
-SMOKE_FULL = ["cispo", "reinforce_plus_plus", "sapo", "m2po", "dr_grpo"]
+# A run's start-up costs more than its steps, so CI runs end to end what no other run takes: the teacher
+# (on_policy_distillation) and the on-policy-only path (rloo); grpo, ppo (the critic) and gspo learn in
+# test_modes_e2e.py. The rest differ from those only in a policy loss, an advantage estimator or
+# normalizer, or defaults, which tests/algorithms checks on tensors; they run end to end in the full tier
+# (bash scripts/test.sh --full).
+SMOKE = ["rloo", "on_policy_distillation"]
+SMOKE_FULL = ["reinforce_plus_plus_baseline", "cispo", "reinforce_plus_plus", "sapo", "m2po", "dr_grpo"]
 SMOKE_STEPS = 3
 
 

@@ -62,7 +62,8 @@ def test_span_names_the_steps():
 CELLS = [
     Cell("kill:engine", "push", "colocate"),
     pytest.param(Cell("sigterm2", "update", "colocate"), marks=pytest.mark.full),
-    Cell("refused_group", "push", "fully_async"),
+    # the same refusal as tests/ops/test_faults_e2e.py's elastic scale-out, through the harness
+    pytest.param(Cell("refused_group", "push", "fully_async"), marks=pytest.mark.full),
 ]
 
 
