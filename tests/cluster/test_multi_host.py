@@ -1,5 +1,6 @@
-"""Relax on a Ray cluster of three simulated hosts (tests/cluster/netns.py): the driver on host 1, the roles
-on host 2 (label tier=cpu), the engines on hosts 1 and 3 (tier=engine, one `engine_slot` each). Runs use the quickstart's relative
+"""Relax on a Ray cluster of four simulated hosts (tests/cluster/netns.py) in the shape Ray recommends: a
+head that only coordinates (`--num-cpus=0`, the driver runs there), the roles on host 2 (label tier=cpu),
+the engines on hosts 3 and 4 (tier=engine, one `engine_slot` each). Runs use the quickstart's relative
 paths from the shared work folder and are started the ways Ray users start jobs: `RAY_ADDRESS` and
 `ray job submit`.
 
@@ -7,9 +8,15 @@ paths from the shared work folder and are started the ways Ray users start jobs:
   version advancing every step, an elastic scale-out adds an engine, an engine killed mid-run is replaced,
   Ctrl-C ends the run, and the run folder holds every step's metrics, TensorBoard events, complete
   checkpoints with weights and eval samples; `relax status` reads it.
-- colocate through `ray job submit`, then `--resume` with RAY_ADDRESS continues it.
+- colocate through `ray job submit`, then `--resume` with RAY_ADDRESS continues it: every actor (roles,
+  engine, TransferQueue's controller and storage unit) lands where its CPUs are, none on the 0-CPU head.
+- a run that asks for more than the cluster has stops before any role starts, naming the shortfall and
+  the keys to change; two SIGTERMs while the roles start end the process (exit 130).
 - a data file one host cannot see stops the run before training, naming the host and the path; a model
   that fails to load stops the run within 30 s of the roles' start, naming the node.
+
+The same checks on unlabelled clusters with a 0-CPU or a 1-CPU head are tests/cluster/test_cluster_shapes.py
+and scripts/cluster_soak.py (the full tier).
 """
 
 from __future__ import annotations
@@ -84,10 +91,10 @@ def workdir(tmp_path_factory) -> Path:
 def cluster(workdir):
     with SimulatedCluster(
         workdir,
-        cpus=[3, 6, 3],
-        labels=[ENGINE_TIER, ROLE_TIER, ENGINE_TIER],
-        resources=[{"engine_slot": 1}, {}, {"engine_slot": 1}],
-        hidden=[[], [], [workdir / "only_some"]],
+        cpus=[0, 6, 3, 3],
+        labels=[{}, ROLE_TIER, ENGINE_TIER, ENGINE_TIER],
+        resources=[{}, {}, {"engine_slot": 1}, {"engine_slot": 1}],
+        hidden=[[], [], [workdir / "only_some"], []],
     ) as c:
         yield c
 
@@ -189,7 +196,10 @@ def test_fully_async_across_hosts_scale_out_and_a_lost_engine(cluster, workdir):
     assert [r["weight_version"] for r in got] == list(range(1, steps + 1))  # every push reached the engines
     assert step_at_kill < steps and got[-1]["health/engine_restarts"] >= 1
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    for step in (5, steps):
+    kept = sorted(int(d.name.split("_")[1]) for d in (run_dir / "checkpoints").glob("step_*"))
+    # the interval's and Ctrl-C's checkpoints (ops.keep_checkpoints=2 keeps the last two), each complete
+    assert len(kept) == 2 and kept[0] % 5 == 0 and kept[-1] == steps, kept
+    for step in kept:
         ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
         assert (ckpt / "COMPLETE").exists() and (ckpt / "actor" / "dcp" / ".metadata").exists()
     assert (run_dir / "eval" / "arith" / "step_000005.jsonl").exists()
@@ -208,6 +218,10 @@ def test_colocate_by_ray_job_submit_then_resume_with_ray_address(cluster, workdi
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3], done.stdout[-3000:]
+    fits = re.search(r"the run fits the cluster: (.*)", done.stdout)
+    assert fits and "198.18.0.1" not in fits.group(1), done.stdout[-3000:]  # nothing on the 0-CPU head
+    # TransferQueue's actors started where Ray placed them (TQ's own bootstrap pinned one to the head)
+    assert "TransferQueue: controller and 1 storage unit(s) up" in done.stdout
     assert (run_dir / "checkpoints" / "step_000003" / "COMPLETE").exists()
 
     again = train(
@@ -216,6 +230,37 @@ def test_colocate_by_ray_job_submit_then_resume_with_ray_address(cluster, workdi
     assert again.returncode == 0, again.stderr[-4000:]
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4, 5]
     assert rows(run_dir)[-1]["weight_version"] == 5
+
+
+def test_too_small_a_cluster_and_two_sigterms_at_start_stop_the_run(cluster, workdir):
+    # more engines than the engine hosts' slots: stopped before any role starts
+    small = train(cluster, "run.name=toomany", "rollout.num_engines=3", timeout_s=300)
+    assert small.returncode == 1, small.stderr[-3000:]
+    assert "the run does not fit the Ray cluster" in small.stderr
+    assert re.search(r"short by \{[^}]*engine_slot: 1", small.stderr), small.stderr[-3000:]
+    assert "rollout.num_engines" in small.stderr
+    assert "starting roles" not in small.stderr
+
+    # two SIGTERMs while the roles start: the process ends
+    log = workdir / "sigterm.log"
+    argv = [*RELAX, "train", "cluster.yaml", "run.name=sigterm"]
+    proc = cluster.popen(1, argv, log, RAY_ADDRESS=cluster.address)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and "starting roles" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        # generous: a hang fails the test instead of blocking it
+        assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "SIGTERM again: stopping now" in text, text[-3000:]
+    assert not rows(workdir / "runs" / "sigterm")
 
 
 def test_a_path_one_host_cannot_see_stops_the_run_before_training(cluster, workdir):
