@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DEPLOY_TIMEOUT_S = 600.0  # a role not running by then is reported with what it asks for
 DEPLOY_POLL_S = 0.2
+ROLE_STOP_TIMEOUT_S = 5.0  # Serve's graceful_shutdown_timeout_s for a role (`_application`)
 
 # A cluster Relax starts on this machine: every Ray port on loopback (node address 127.0.0.1), with Ray's
 # own token authentication (relax/orchestration/ray_token.py: loopback is no boundary on a shared
@@ -276,7 +277,11 @@ def _application(r: RoleDeployment):
         ray_actor_options={"num_cpus": r.num_cpus, "num_gpus": r.num_gpus, **r.placement},
         health_check_period_s=10,
         health_check_timeout_s=60,
-        graceful_shutdown_timeout_s=20,
+        # The Controller deletes a role once it has no call of its own running (the step's calls returned,
+        # the checkpoint written, the engines stopped): a request still running then is one that hangs (a
+        # stuck update after a stop, a step the watchdog gave up on), and waiting for it only delays the
+        # stop. 5 s lets a request finishing on a busy machine end; Serve then kills the replica.
+        graceful_shutdown_timeout_s=ROLE_STOP_TIMEOUT_S,
         # A role is deleted once the Controller no longer calls it; Serve's default 2 s between looks for
         # requests still running made every run's stop (and every restart in place) 2 s longer.
         graceful_shutdown_wait_loop_s=0.2,
@@ -325,10 +330,10 @@ def deploy_roles(
         for name in sorted(pending):
             if (failure := start_failure(name)) is not None:
                 raise RoleStartError(name, failure["error"], failure["node"])
-        apps = serve.status().applications
+        apps = app_statuses()
         for name in sorted(pending):
             app = apps.get(name)
-            status = str(getattr(app, "status", "")).rsplit(".", 1)[-1]
+            status = app.status if app else ""
             if status == "RUNNING":
                 pending.discard(name)
             elif status in ("DEPLOY_FAILED", "UNHEALTHY"):
@@ -336,10 +341,7 @@ def deploy_roles(
                 failure = _await_report(name, start_failure)
                 if failure is not None:
                     raise RoleStartError(name, failure["error"], failure["node"])
-                details = "; ".join(
-                    f"{d}: {getattr(st, 'message', '')}" for d, st in getattr(app, "deployments", {}).items()
-                )
-                raise RoleStartError(name, f"Serve reports {status}: {app.message} {details}".strip())
+                raise RoleStartError(name, f"Serve reports {status}: {app.message}".strip())
         if not pending:
             break
         if should_stop():
@@ -354,6 +356,51 @@ def deploy_roles(
         time.sleep(DEPLOY_POLL_S)
     logger.info("roles %s are up", ", ".join(names))
     return dict(zip(names, handles, strict=True))
+
+
+@dataclass(frozen=True)
+class AppStatus:
+    status: str  # Serve's ApplicationStatus name: DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY, DELETING
+    message: str  # the application's message and its deployments' ("name: message; ...")
+
+
+def app_statuses() -> dict[str, AppStatus]:
+    """The status of every Serve application in the cluster, by name.
+
+    `serve.status()` validates the controller's whole report into pydantic models, and each deployment's
+    `RequestRouterConfig` cloudpickles its router class by value on the way: about 50 ms of CPU a call with
+    four applications on an idle core, far more on a busy one. Polled every `DEPLOY_POLL_S` while a run's
+    roles import torch, that was a quarter of the driver's CPU at start-up, taken from the replicas it
+    waits for. The controller's report as a plain dict (what `serve.status()` itself parses) costs about
+    1 ms; `serve.status()` stays the fallback for a Ray without that method."""
+    from ray import serve
+
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        if client is None:
+            return {}
+        details = client.get_serve_details()
+    except (ImportError, AttributeError, TypeError):
+        return {
+            name: AppStatus(
+                str(app.status).rsplit(".", 1)[-1],
+                "; ".join(
+                    [app.message, *(f"{d}: {st.message}" for d, st in app.deployments.items() if st.message)]
+                ),
+            )
+            for name, app in serve.status().applications.items()
+        }
+    out = {}
+    for name, app in (details.get("applications") or {}).items():
+        deployments = app.get("deployments") or {}
+        messages = [app.get("message") or ""]
+        messages += [f"{d}: {dep['message']}" for d, dep in deployments.items() if dep.get("message")]
+        out[name] = AppStatus(
+            str(app.get("status", "")).rsplit(".", 1)[-1], "; ".join(m for m in messages if m)
+        )
+    return out
 
 
 def _await_report(name: str, start_failure: Callable[[str], Any], wait_s: float = 3.0) -> Any:
@@ -382,13 +429,13 @@ def delete_roles(timeout_s: float = 60.0) -> None:
     if not ray.is_initialized():
         return
     try:
-        names = sorted(_deployed & set(serve.status().applications))
+        names = sorted(_deployed & set(app_statuses()))
         _deployed.clear()
         for name in names:
             serve.delete(name, _blocking=False)
         deadline = time.monotonic() + timeout_s
         while names and time.monotonic() < deadline:
-            names = [n for n in names if n in serve.status().applications]
+            names = [n for n in names if n in app_statuses()]
             time.sleep(DEPLOY_POLL_S)
         if names:
             logger.warning("roles %s were still stopping after %.0fs", ", ".join(names), timeout_s)
