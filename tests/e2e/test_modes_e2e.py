@@ -1,6 +1,6 @@
 """The three execution modes end to end: the toy config learns in colocate, hybrid and fully_async (each
-with one of GRPO, PPO and GSPO); the staleness bound holds with a slow trainer; max_staleness=0 is
-exactly on-policy; a checkpoint records the trained position."""
+with one of GRPO, PPO and GSPO; hybrid's checkpoints record the trained position); the staleness bound
+holds with a slow trainer; max_staleness=0 is exactly on-policy."""
 
 from __future__ import annotations
 
@@ -59,13 +59,18 @@ def read_metrics(cfg):
 # Each mode learns with another algorithm, so three learning runs show every mode and the algorithms
 # with a piece of their own learning: GRPO, PPO (the critic and GAE; fully_async has no critic role) and
 # GSPO (sequence-level ratios). The other algorithms run end to end in tests/e2e/test_algorithms_e2e.py.
+# hybrid's run also checks its checkpoints: hybrid generates ahead of training (partial rollouts on), and
+# a checkpoint records the prompts trained, not those generated, so a resume (tests/e2e/test_train_e2e.py)
+# draws the generated-ahead prompts again.
+HYBRID_CHECKPOINTS = ["rollout.partial_rollout=true", "ops.checkpoint_interval=10"]
+
+
 @pytest.mark.parametrize(
     ("mode", "algorithm"), [("colocate", "grpo"), ("hybrid", "ppo"), ("fully_async", "gspo")]
 )
 def test_mode_learns(ray_cluster, tiny_model_dir, arith_file, tmp_path, mode, algorithm):
-    cfg = mode_config(
-        tiny_model_dir, arith_file, tmp_path, mode, steps=30, extra=[f"algorithm.name={algorithm}"]
-    )
+    extra = [f"algorithm.name={algorithm}", *(HYBRID_CHECKPOINTS if mode == "hybrid" else [])]
+    cfg = mode_config(tiny_model_dir, arith_file, tmp_path, mode, steps=30, extra=extra)
     assert Controller(cfg).run() == 30
     rows = read_metrics(cfg)
     rewards = [r["rollout/reward_mean"] for r in rows]
@@ -73,6 +78,11 @@ def test_mode_learns(ray_cluster, tiny_model_dir, arith_file, tmp_path, mode, al
     # tests/toy_arith.yaml on the 0.16 M model: over 30 steps the window means rise by 0.05-0.25
     assert last > first + 0.03, (mode, algorithm, rewards)
     assert max(r["staleness/max"] for r in rows) <= cfg.schedule.max_staleness
+    if mode == "hybrid":  # ops.keep_checkpoints=2 keeps steps 20 and 30
+        for step in (20, 30):
+            source = json.loads((ckpt.step_dir(cfg.run.run_dir, step) / "rollout.json").read_text())["source"]
+            drawn = source["epoch"] * source["num_rows"] + source["position"]  # the data wraps at 500 rows
+            assert drawn == step * cfg.rollout.prompts_per_step, source
 
 
 @pytest.mark.parametrize("staleness", [0, 2])
@@ -103,21 +113,6 @@ def test_staleness_bound_with_slow_trainer(ray_cluster, tiny_model_dir, arith_fi
         assert all(r["staleness/first_mb_behaviour_ratio_dev"] < 1e-3 for r in rows)
     else:  # the slow trainer lets rollout use its whole budget
         assert max(ahead) == staleness
-
-
-def test_partial_rollout_checkpoints_the_trained_position(ray_cluster, tiny_model_dir, arith_file, tmp_path):
-    """hybrid generates ahead of training: a checkpoint records the prompts trained, not those generated,
-    so a resume (tests/e2e/test_train_e2e.py) draws the generated-ahead prompts again."""
-    extra = [
-        "rollout.partial_rollout=true",
-        "rollout.mask_offpolicy_tokens=true",
-        "ops.checkpoint_interval=2",
-    ]
-    cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "hybrid", steps=4, extra=extra)
-    assert Controller(cfg).run() == 4
-    for step in (2, 4):
-        saved = json.loads((ckpt.step_dir(cfg.run.run_dir, step) / "rollout.json").read_text())
-        assert saved["source"]["position"] == step * cfg.rollout.prompts_per_step, saved
 
 
 def test_in_place_partial_rollout_keeps_requests_across_updates(
