@@ -12,9 +12,11 @@ forward pass of its own first), and streams the new weights into the engine.
 
     python benchmarks/vl_gpu.py                       # CUDA, bf16 engine, fp32 master weights
     python benchmarks/vl_gpu.py --tiny --device cpu   # a CPU smoke run on the tiny Qwen2.5-VL
+    python benchmarks/vl_gpu.py --gen-only [--no-lean]  # the engine alone (lean + graphs, or transformers)
 
-The last line printed is one JSON object: step time, generation time and tokens/s, peak GPU memory,
-and the engine-trainer log-prob gap.
+The last line printed is one JSON object: step time, generation time and tokens/s (over all steps, and
+steady: steps 2.., after the first step's CUDA-graph captures), peak GPU memory, and the engine-trainer
+log-prob gap.
 """
 
 from __future__ import annotations
@@ -98,6 +100,11 @@ def write_model(out: Path, tiny: bool) -> Path:
     return out
 
 
+def _mean(xs: list[float]) -> float | None:
+    """The mean to 3 decimals, None for no values (`--gen-only` has no train or sync times)."""
+    return round(statistics.fmean(xs), 3) if xs else None
+
+
 def _free_port() -> int:
     import socket
 
@@ -126,6 +133,12 @@ def main() -> None:
         help="pi_old from a forward pass of its own (as before trainer.pi_old_from_update)",
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder and vision layers")
+    p.add_argument("--gen-only", action="store_true", help="generation only: no trainer, no weight sync")
+    p.add_argument(
+        "--no-lean",
+        action="store_true",
+        help="decode through the transformers forward (no lean decoder or graphs)",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
@@ -153,7 +166,12 @@ def main() -> None:
 
     engine_dtype = "bfloat16" if cuda else "float32"
     engine = EmbeddedEngine(
-        str(path), device=args.device, dtype=engine_dtype, seed=0, max_total_tokens=args.kv_tokens
+        str(path),
+        device=args.device,
+        dtype=engine_dtype,
+        seed=0,
+        max_total_tokens=args.kv_tokens,
+        use_lean=not args.no_lean,
     ).start()
     engine_gb = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
     tcfg = TrainerConfig(
@@ -166,8 +184,10 @@ def main() -> None:
         compile_layers=args.compile,
         mixed_precision="bf16" if cuda else "none",
     )
-    trainer = FSDPWorker(str(path), tcfg, dtype="float32", total_steps=args.steps)
-    trainer.setup("127.0.0.1", _free_port())
+    trainer = None
+    if not args.gen_only:
+        trainer = FSDPWorker(str(path), tcfg, dtype="float32", total_steps=args.steps)
+        trainer.setup("127.0.0.1", _free_port())
     trainer_gb = torch.cuda.memory_allocated() / 2**30 - engine_gb if cuda else 0.0
     loss_fn = make_policy_loss(AlgorithmConfig())
     params = {"n": args.n, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "ignore_eos": True}
@@ -193,6 +213,10 @@ def main() -> None:
                 media.append(it.multimodal_inputs)
                 groups.append(g)
         gen_tokens.append(sum(len(r) for r in responses))
+        if trainer is None:
+            step_s.append(time.perf_counter() - t_step)
+            logger.info("step %d: gen %.1f s, %d tokens", step + 1, gen_s[-1], gen_tokens[-1])
+            continue
         N = len(prompts)
         batch = TrainBatch(
             prompt_ids=prompts,
@@ -240,7 +264,8 @@ def main() -> None:
             torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         )
     engine.shutdown()
-    trainer.shutdown()
+    if trainer is not None:
+        trainer.shutdown()
     steady = step_s[1:] or step_s
     out = {
         "model": "qwen2.5-vl-3b-shape (random)" if not args.tiny else "tiny-qwen2.5-vl",
@@ -252,8 +277,10 @@ def main() -> None:
         "step_time_s": round(statistics.fmean(steady), 3),
         "gen_time_s": round(statistics.fmean(gen_s[1:] or gen_s), 3),
         "gen_tokens_per_s": round(sum(gen_tokens) / sum(gen_s), 1),
-        "train_time_s": round(statistics.fmean(train_s[1:] or train_s), 3),
-        "weight_sync_s": round(statistics.fmean(sync_s), 3),
+        "gen_tokens_per_s_steady": round(sum(gen_tokens[1:] or gen_tokens) / sum(gen_s[1:] or gen_s), 1),
+        "lean_decode": not args.no_lean,
+        "train_time_s": _mean(train_s[1:] or train_s),
+        "weight_sync_s": _mean(sync_s),
         "first_step_s": round(step_s[0], 3),
         "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "engine_memory_gb": round(engine_gb, 2),
@@ -263,7 +290,7 @@ def main() -> None:
         "micro_tokens": args.micro_tokens,
         "separate_forward": args.separate_forward,
         "compile": args.compile,
-        "engine_trainer_logp_max_diff": round(max(diffs), 4),
+        "engine_trainer_logp_max_diff": round(max(diffs), 4) if diffs else None,
         "model_write_s": round(write_s, 1),
     }
     print(json.dumps(out))

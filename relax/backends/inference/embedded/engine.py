@@ -87,6 +87,7 @@ class EmbeddedEngine:
         weight_version: str = "0",
         attn_implementation: str | None = "sdpa",
         cuda_graphs: bool = True,
+        use_lean: bool = True,
         overlap: bool | None = None,
         max_n: int | None = None,
         weight_join_timeout_s: float = 120.0,
@@ -101,7 +102,9 @@ class EmbeddedEngine:
         `enable_prefix_cache`: reuse the KV of prompt prefixes across requests (`prefix_cache.py`; emptied
         by every weight update and by `flush_cache`). `chunked_prefill_size`: prefill tokens per step, a
         longer prompt prefilled in chunks with decode steps of the running batch between them
-        (`chunked_prefill.py`; None: 8192 on CUDA, 512 on the CPU; 0 or less: off)."""
+        (`chunked_prefill.py`; None: 8192 on CUDA, 512 on the CPU; 0 or less: off). `use_lean`: run the
+        model's decoder through `LeanDecoder` where it supports the model (False: the `transformers`
+        forward, for comparisons)."""
         self.weight_join_timeout_s = weight_join_timeout_s
         if threads:
             torch.set_num_threads(threads)
@@ -113,6 +116,7 @@ class EmbeddedEngine:
             attn_implementation=attn_implementation,
             weight_version=weight_version,
             cuda_graphs=cuda_graphs,  # decode steps replay CUDA graphs (CUDA only)
+            use_lean=use_lean,
         )
         self.max_context_len = min(
             max_context_len or self.runner.max_context_len, self.runner.max_context_len

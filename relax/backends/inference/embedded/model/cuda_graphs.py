@@ -9,6 +9,10 @@ masked out. The block table is a graph input like the tokens: its contents chang
 address does not. The graphs hold the cache's pool and table, so they are dropped when the cache
 reallocates (`PagedKVCache.generation`), and the model's weights, which are updated in place.
 
+A multimodal model's step takes one more input, each row's rope delta (rotary position minus cache column,
+set by its prompt's mrope prefill; 0 for a text prompt): a static buffer like the tokens, filled every
+step, zero on padding rows (`rope_delta`; text-only models capture without it).
+
 Capture happens on first use of a bucket, on one side stream (the first capture is preceded by one eager
 run there, so lazy initialisation stays out of the graphs). That eager run is the step's real inputs: a
 decode step is idempotent (it writes the same keys and values to the same columns), so running it again
@@ -25,8 +29,9 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-# forward(tokens_B, pos_B, rows_B, length) -> logits [B, V]: one decode step of rows `rows_B` of the cache
-DecodeForward = Callable[[Tensor, Tensor, Tensor, int], Tensor]
+# forward(tokens_B, pos_B, rows_B, length, rope_delta_B or None) -> logits [B, V]: one decode step of rows
+# `rows_B` of the cache, row b at rotary position pos_B[b] + rope_delta_B[b]
+DecodeForward = Callable[[Tensor, Tensor, Tensor, int, Tensor | None], Tensor]
 
 
 def bucket(n: int, smallest: int) -> int:
@@ -38,7 +43,15 @@ def bucket(n: int, smallest: int) -> int:
 
 
 class DecodeGraphs:
-    def __init__(self, forward: DecodeForward, cache, device: torch.device, max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        forward: DecodeForward,
+        cache,
+        device: torch.device,
+        max_batch: int = 512,
+        rope_delta: bool = False,
+    ) -> None:
+        """`rope_delta`: the step takes each row's rope delta (a multimodal model)."""
         self.forward = forward
         self.cache = cache  # PagedKVCache
         self.device = device
@@ -47,6 +60,8 @@ class DecodeGraphs:
         self.generation = -1  # cache generation the graphs were captured on
         self.pool = None
         self.tokens = self.pos = self.rows = self.arange = torch.empty(0)
+        self.rope_delta = rope_delta
+        self.delta: Tensor | None = None  # [rows] each row's rope delta, with `rope_delta`
         self._padded = 0  # rows below this may point to the trash row (the last padded replay)
         self.stream: torch.cuda.Stream | None = None  # captures run here (one stream: one cuBLAS workspace)
 
@@ -62,11 +77,19 @@ class DecodeGraphs:
         self.pos = torch.zeros(S, dtype=torch.long, device=self.device)
         self.rows = torch.arange(S, device=self.device)
         self.arange = torch.arange(S, device=self.device)
+        self.delta = torch.zeros(S, dtype=torch.long, device=self.device) if self.rope_delta else None
         self._padded = 0
         self.generation = self.cache.generation
 
-    def run(self, tokens_B: Tensor, pos_B: Tensor, length: int) -> Tensor:
-        """The decode step of rows 0..B-1 (token b at column pos_B[b], `length` columns); logits [B, V]."""
+    def drop(self) -> None:
+        """Drop the graphs: the next step captures afresh (what the forward reads on the host changed)."""
+        self.generation = -1
+
+    def run(self, tokens_B: Tensor, pos_B: Tensor, length: int, rope_delta_B: Tensor | None = None) -> Tensor:
+        """The decode step of rows 0..B-1 (token b at column pos_B[b], rotary position pos_B[b] +
+        rope_delta_B[b], `length` columns); logits [B, V]."""
+        if rope_delta_B is not None and not self.rope_delta:
+            raise ValueError("these decode graphs take no rope delta (built for a text-only model)")
         self.cache.sync()
         if self.generation != self.cache.generation:
             self._reset()
@@ -75,12 +98,19 @@ class DecodeGraphs:
         Lp = min(bucket(length, 128), self.cache.capacity)
         self.tokens[:B].copy_(tokens_B, non_blocking=True)
         self.pos[:B].copy_(pos_B, non_blocking=True)
+        if self.delta is not None:
+            if rope_delta_B is None:
+                self.delta[:B].zero_()
+            else:
+                self.delta[:B].copy_(rope_delta_B, non_blocking=True)
         if self._padded > 0:  # the last replay's padding rows pointed to the trash row
             self.rows[: self._padded].copy_(self.arange[: self._padded])
             self._padded = 0
         if Bp > B:
             self.tokens[B:Bp].zero_()
             self.pos[B:Bp].zero_()
+            if self.delta is not None:
+                self.delta[B:Bp].zero_()
             self.rows[B:Bp].fill_(self.cache.trash_row)  # writes go to block 0, held by no sequence
             self._padded = Bp
         key = (Bp, Lp)
@@ -91,7 +121,14 @@ class DecodeGraphs:
         return logits_BV[:B]
 
     def _capture(self, B: int, L: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        args = (self.tokens[:B], self.pos[:B], self.rows[:B], L)
+        """The graph of the step of B rows over L columns on the static inputs, and its logits [B, V]."""
+        delta = None if self.delta is None else self.delta[:B]
+        captured = self._record((self.tokens[:B], self.pos[:B], self.rows[:B], L, delta))
+        logger.debug("captured the decode graph of batch %d, length %d", B, L)
+        return captured
+
+    def _record(self, args: tuple) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Capture `forward(*args)`: the only part of a replayed step that needs CUDA."""
         main = torch.cuda.current_stream(self.device)
         if self.stream is None:
             self.stream = side = torch.cuda.Stream(self.device)
@@ -112,5 +149,4 @@ class DecodeGraphs:
                 logits_BV = self.forward(*args)
             finally:
                 graph.capture_end()
-        logger.debug("captured the decode graph of batch %d, length %d", B, L)
         return graph, logits_BV

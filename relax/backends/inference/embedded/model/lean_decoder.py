@@ -1,5 +1,6 @@
-"""A lean forward for Llama-style decoders (Qwen2, Qwen3, Llama), over the Hugging Face model's own
-weights: the same maths as `transformers` with far fewer Python calls per step.
+"""A lean forward for Llama-style decoders (Qwen2, Qwen3, Llama, and the text decoders of Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL and the Qwen2.5-Omni thinker), over the Hugging Face model's own weights: the same
+maths as `transformers` with far fewer Python calls per step.
 
 Per layer it runs RMSNorm, one fused q/k/v projection, (Qwen3: per-head q/k RMSNorm), rotary embedding
 of q and k together, the cache write, SDPA, the output projection (accumulated into the residual), RMSNorm,
@@ -24,6 +25,15 @@ lookup instead of about a dozen ops per step (on the CPU a small step's time is 
 on a GPU those ops are ~10 kernels of each captured step). The CPU's table grows by
 doubling; the CUDA table is built once over the context (at most `MAX_TABLE` positions), since captured
 graphs hold its address. Not for dynamic rotary types, whose frequencies depend on the sequence length.
+
+Multimodal models rotate by mrope: a position is three components (time, height, width), each owning
+sections of the rotary frequencies (contiguous sections in Qwen2-VL / Qwen2.5-VL / Omni, interleaved in
+Qwen3-VL). A text token's three components are equal, and then every frequency sees the same position:
+mrope is exactly 1-D rotary at that position. The engine prefills a prompt with media through the
+`transformers` forward at its mrope positions (`ModelRunner.prefill_multimodal`); every token after it is
+text at position column + rope delta, so its decode step is this decoder's plain step at that position.
+The table is built from the model's own mrope rotary, handed the position as three equal components
+([3, N, T]: what it takes in transformers 5.17; later versions also take [N, T]).
 """
 
 from __future__ import annotations
@@ -43,6 +53,9 @@ from relax.backends.inference.embedded.model.silu_mul import silu_mul
 logger = logging.getLogger(__name__)
 
 SUPPORTED = {"qwen2", "qwen3", "llama"}
+# multimodal models whose text decoder is Qwen2- or Qwen3-style under mrope (module docstring); not the
+# Qwen3-Omni thinker, whose decoder layers are mixtures of experts
+MROPE_SUPPORTED = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_5_omni_thinker"}
 DYNAMIC_ROPE = ("dynamic", "longrope")  # rotary types whose frequencies change with the sequence length
 MAX_TABLE = 1 << 17  # positions of a CUDA rotary table (head size 128: 64 MiB in bf16); later ones computed
 
@@ -79,18 +92,21 @@ def _attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> 
 class LeanDecoder:
     @staticmethod
     def supports(model: Any) -> bool:
-        cfg = model.config
-        if getattr(cfg, "model_type", None) not in SUPPORTED or getattr(cfg, "hidden_act", "silu") != "silu":
+        if getattr(model.config, "model_type", None) not in SUPPORTED | MROPE_SUPPORTED:
             return False
-        if getattr(cfg, "mlp_bias", False):  # Llama's optional MLP biases: the fused MLP has none
-            return False
+        cfg = model.config.get_text_config()  # a multimodal model's text decoder config; else itself
+        if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
+            return False  # Llama's optional MLP biases: the fused MLP has none
         layers = getattr(model.get_decoder(), "layers", None)
-        return bool(layers) and all(hasattr(layer.self_attn, "q_proj") for layer in layers)
+        return bool(layers) and all(
+            hasattr(layer.self_attn, "q_proj") and hasattr(layer.mlp, "gate_proj") for layer in layers
+        )
 
     def __init__(self, model: Any, fold_norms: bool | None = None) -> None:
         """`fold_norms`: fold the RMSNorm weights into the projections (None: where `triton_decode`)."""
         self.body = model.get_decoder()
-        cfg = model.config
+        self.mrope = model.config.model_type in MROPE_SUPPORTED  # the rotary takes [3, N, T] positions
+        cfg = model.config.get_text_config()
         self.eps = float(cfg.rms_norm_eps)
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
@@ -179,26 +195,36 @@ class LeanDecoder:
         return self._rope_table if self._rope_table.shape[0] >= length else None
 
     def _rope(self, h: Tensor, pos_NT: Tensor) -> tuple[Tensor, Tensor]:
-        """The model's rotary cos and sin_signed (see `_rotary`) at `pos_NT`, [N, T, D] each."""
+        """The model's rotary cos and sin_signed (see `_rotary`) at `pos_NT`, [N, T, D] each; an mrope
+        rotary at three equal components (module docstring)."""
         D = self.head_dim
-        cos, sin = self.body.rotary_emb(h, pos_NT)
+        cos, sin = self.body.rotary_emb(h, pos_NT.expand(3, *pos_NT.shape) if self.mrope else pos_NT)
         return cos, torch.cat([-sin[..., : D // 2], sin[..., D // 2 :]], dim=-1)
 
     def __call__(
-        self, ids_NT: Tensor, mask: Tensor | None, pos_NT: Tensor, cache: Any, lengths_N: Tensor | None = None
+        self,
+        ids_NT: Tensor,
+        mask: Tensor | None,
+        pos_NT: Tensor,
+        cache: Any,
+        lengths_N: Tensor | None = None,
+        rope_len: int = 0,
     ) -> Tensor:
         """Hidden states [N, T, hidden] after the final norm. A decode step (T = 1) attends over each row's
         first `lengths_N` cache columns with the Triton kernel when `triton_decode`, else with the additive
-        mask [N, 1, 1, K]. `mask` is None for
-        a prefill of right-padded prompts: plain causal attention is then exact on every real token (its
-        keys all precede it; padding only ever follows), lets SDPA use the flash kernel (an explicit mask
-        with grouped-query heads fell back to the math kernel, half of a prefill's GPU time), and the
-        padding's outputs and cache columns are never read (a decode step writes a column before any row
-        attends to it)."""
+        mask [N, 1, 1, K]. The rotary positions `pos_NT` are below max(`rope_len`, the columns attended):
+        `rope_len` covers rows whose rotary position runs ahead of their cache column (mrope).
+
+        `mask` is None for a prefill of right-padded prompts: plain causal attention is then exact on every
+        real token (its keys all precede it; padding only ever follows), lets SDPA use the flash kernel (an
+        explicit mask with grouped-query heads fell back to the math kernel, half of a prefill's GPU time),
+        and the padding's outputs and cache columns are never read (a decode step writes a column before any
+        row attends to it)."""
         N, T = ids_NT.shape
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
         h = F.embedding(ids_NT, self.body.embed_tokens.weight)
-        cos, sin_signed = self._cos_sin(h, pos_NT, T if mask is None else mask.shape[-1])  # [N, T, 1, D]
+        length = max(rope_len, T if mask is None else mask.shape[-1])
+        cos, sin_signed = self._cos_sin(h, pos_NT, length)  # [N, T, 1, D]
         qkv_split = [(Hq + Hk) * D, Hk * D]
         triton_step = T == 1 and lengths_N is not None
         for i, w in enumerate(self.layers):

@@ -5,10 +5,14 @@ The runner calls the model's decoder body and its `lm_head` itself (logits only 
 sampled) and hands the decoder a ready 4-D mask, so the model builds no mask and no cache of its own.
 Llama-style models (Qwen2, Qwen3, Llama) run through `LeanDecoder` over the same weights.
 
-Multimodal models (Qwen-VL, Omni thinkers) use the `transformers` forward: a prefill with media runs the
-model body (vision/audio encoders, then the decoder) with the model's own mrope positions
-(`relax.models.multimodal_model`), and returns each prompt's rope delta; decoding then feeds the text
-decoder position `cache column + delta`.
+A multimodal model (Qwen-VL, Omni thinkers) prefills through the `transformers` forward: the model body
+(vision/audio encoders, then the decoder) at the model's own mrope positions
+(`relax.models.multimodal_model`), writing the cache through `PagedKVCache.update`; it returns each
+prompt's rope delta. Every token after the prompt is text, at rotary position `cache column + delta` with
+equal mrope components, where mrope is plain 1-D rotary: so the decode steps of a model whose text decoder
+`LeanDecoder` supports (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, the Qwen2.5-Omni thinker) run through it and its
+CUDA graphs like a text model's, each row's delta one more graph input. The Qwen3-Omni thinker (a mixture
+of experts) decodes through the `transformers` forward.
 
 On CUDA, attention runs on the flash / memory-efficient / math SDPA kernels, never cuDNN's: cuDNN builds
 an execution plan for every new shape (milliseconds of host time per call, docs/measurements.md, and the
@@ -42,6 +46,7 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]  # no cuDNN
+ROPE_MARGIN_STEP = 256  # the rope margin grows in these steps (each growth recaptures the decode graphs)
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype | str:
@@ -114,9 +119,14 @@ class ModelRunner:
         # one prompt past its cached columns attends with a causal mask aligned to the bottom right, never
         # materialised (`prefill_after`); on the CPU, where SDPA would only materialise it, a dense mask
         self.lower_right = self.device.type == "cuda"
-        self.graphs = None  # decode CUDA graphs: CUDA, lean decoder, text-only models
-        if cuda_graphs and self.device.type == "cuda" and self.lean is not None and not self.multimodal:
-            self.graphs = DecodeGraphs(self._decode_forward, self.cache, self.device)
+        # rotary positions reach at most this far past a row's cache column: the largest rope delta seen,
+        # rounded up to `ROPE_MARGIN_STEP` (0 for text models; a media prompt's delta is mostly negative)
+        self.rope_margin = 0
+        self.graphs = None  # decode CUDA graphs: CUDA and the lean decoder; the rope delta an input
+        if cuda_graphs and self.device.type == "cuda" and self.lean is not None:
+            self.graphs = DecodeGraphs(
+                self._decode_forward, self.cache, self.device, rope_delta=self.multimodal
+            )
         layer_types = set(getattr(text_cfg, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"}:
             raise ValueError(
@@ -155,10 +165,11 @@ class ModelRunner:
         pos: Tensor,
         cache: PagedKVCache,
         lengths: Tensor | None = None,
+        rope_len: int = 0,
     ) -> Tensor:
         with self._attention_kernels():
             if self.lean is not None:
-                return self.lean(ids, mask, pos, cache, lengths)
+                return self.lean(ids, mask, pos, cache, lengths, rope_len)
             out = self.decoder(
                 input_ids=ids,
                 attention_mask=mask,
@@ -249,7 +260,18 @@ class ModelRunner:
                 **media,
             )
         last_UH = out.last_hidden_state[torch.arange(len(prompts), device=self.device), lens_U - 1]
-        return self._logits(last_UH), [int(d) for d in delta_U]
+        deltas = [int(d) for d in delta_U]
+        self._widen_rope_margin(max(deltas))
+        return self._logits(last_UH), deltas
+
+    def _widen_rope_margin(self, delta: int) -> None:
+        """Rows may now decode at rotary positions up to `delta` past their cache column. The lean decoder's
+        rotary table must cover them: a wider margin drops the decode graphs, captured with the old one."""
+        if delta <= self.rope_margin:
+            return
+        self.rope_margin = -(-delta // ROPE_MARGIN_STEP) * ROPE_MARGIN_STEP
+        if self.graphs is not None:
+            self.graphs.drop()
 
     def check_multimodal(self, input_ids: list[int], inputs: dict[str, Tensor]) -> None:
         """Raise ValueError when the media tensors do not match the prompt's media tokens."""
@@ -276,8 +298,8 @@ class ModelRunner:
         """One step for rows 0..B-1: token b at cache column pos_B[b], attending over `length` columns of
         the cache (> max(pos_B)); its rotary position is pos_B[b] + rope_delta_B[b] (multimodal models).
         Returns the logits [B, V]."""
-        if self.graphs is not None and rope_delta_B is None and self.graphs.supports(tokens_B.shape[0]):
-            return self.graphs.run(tokens_B, pos_B, length)
+        if self.graphs is not None and self.graphs.supports(tokens_B.shape[0]):
+            return self.graphs.run(tokens_B, pos_B, length, rope_delta_B)
         return self._decode_forward(tokens_B, pos_B, None, length, rope_delta_B)
 
     def _decode_forward(
@@ -296,7 +318,9 @@ class ModelRunner:
         else:
             col_L = torch.arange(length, device=self.device)
             mask, lengths_B = self._mask((col_L.unsqueeze(0) <= pos_B.unsqueeze(1)).unsqueeze(1)), None
-        h = self._hidden(tokens_B.unsqueeze(1), mask, rope_B.unsqueeze(1), cache, lengths_B)
+        h = self._hidden(
+            tokens_B.unsqueeze(1), mask, rope_B.unsqueeze(1), cache, lengths_B, length + self.rope_margin
+        )
         return self._logits(h[:, 0])
 
     def _logits(self, h: Tensor) -> Tensor:
