@@ -25,6 +25,13 @@ the rows changed since, through pinned memory without waiting for the device.
 
 The model sees this object as its cache: `update(k, v, layer)` is the only method it calls. Which rows
 and columns an `update` writes is set by `for_prefill` / `for_decode` before each forward.
+
+On the CPU a decode step attends over a contiguous mirror of the running rows' KV ([rows, H_kv, columns,
+D] per layer, `_Mirror`), not over the blocks: with no paged kernel there, attending over blocks meant
+gathering every row's whole KV out of the pool in every layer at every step, which made the CPU engine a
+third slower than the contiguous slots it replaced (docs/measurements.md). The pool stays the truth (the
+prefix cache, row moves and fan-out work on blocks); a decode step writes its token to both, and a row
+whose blocks changed hands is copied into the mirror once, from the pool, before its next step.
 """
 
 from __future__ import annotations
@@ -86,6 +93,9 @@ class PagedKVCache:
         self._length = 0
         self._cols: Tensor | None = None
         self._prefill = False
+        self._step_where: tuple[Tensor, Tensor] | None = None
+        self._mirror = _Mirror() if device.type == "cpu" else None
+        self._mirror_rows = 0  # decode rows 0..B-1 attend over the mirror's rows 0..B-1 (0: rows_B given)
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
@@ -208,6 +218,8 @@ class PagedKVCache:
         self._widest = max(self._widest, len(blocks))
         self.rows[row] = blocks
         self.caps[row] = len(blocks) * self.block
+        if self._mirror is not None:
+            self._mirror.forget(row)
         self.host[row, : len(blocks)] = blocks
         if old > len(blocks):
             self.host[row, len(blocks) : old] = 0
@@ -289,6 +301,8 @@ class PagedKVCache:
         for r in range(len(self.rows)):
             if self.rows[r]:
                 self._set_row(r, [])
+        if self._mirror is not None:
+            self._mirror = _Mirror()
         self.generation += 1
 
     def reserve(self, rows: int, length: int, max_rows: int = 0) -> None:
@@ -331,7 +345,13 @@ class PagedKVCache:
             if self._arange is None or self._arange.shape[0] < B or self._arange.device != pos_B.device:
                 self._arange = torch.arange(max(B, len(self.rows)), device=pos_B.device)
             rows_B = self._arange[:B]
+            self._mirror_rows = B
+        else:
+            self._mirror_rows = 0
         self._rows_t = rows_B
+        self._step_where = None  # block and offset of each row's new column, found by the first layer
+        if self._mirror is not None:
+            self._mirror.catch_up(self, rows_B.numpy(), pos_B.numpy(), length)
         return self
 
     def prefill_buffers(self, layer_idx: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -375,7 +395,72 @@ class PagedKVCache:
             if self._cols is None:
                 return key_states, value_states  # the prompt attends to itself only
             return self._gather(k_buf, rows, self._length), self._gather(v_buf, rows, self._length)
-        blk, off = self._where(rows, self._pos_B[:, None])
-        k_buf[blk[:, 0], :, off[:, 0]] = key_states[:, :, 0]
-        v_buf[blk[:, 0], :, off[:, 0]] = value_states[:, :, 0]
+        if self._step_where is None:  # the same for every layer of the step
+            blk, off = self._where(rows, self._pos_B[:, None])
+            self._step_where = blk[:, 0], off[:, 0]
+        blk, off = self._step_where
+        k_buf[blk, :, off] = key_states[:, :, 0]
+        v_buf[blk, :, off] = value_states[:, :, 0]
+        if self._mirror is not None:
+            return self._mirror.write(layer_idx, rows, self._pos_B, key_states, value_states,
+                                      self._length, self._mirror_rows)  # fmt: skip
         return self._gather(k_buf, rows, self._length), self._gather(v_buf, rows, self._length)
+
+
+class _Mirror:
+    """The CPU decode's contiguous copy of the running rows' KV: [2, layers, R, H_kv, C, D], grown by
+    doubling. `valid[r]`: columns 0..valid[r]-1 of table row r are current; a row whose blocks change
+    (`PagedKVCache._set_row`) is forgotten and copied again from the pool before its next decode."""
+
+    def __init__(self) -> None:
+        self.buf: Tensor | None = None
+        self.valid = np.zeros(0, dtype=np.int64)
+
+    def forget(self, row: int) -> None:
+        if row < len(self.valid):
+            self.valid[row] = 0
+
+    def _fit(self, cache: PagedKVCache, rows: int, cols: int) -> None:
+        buf = self.buf
+        R, C = (0, 0) if buf is None else (buf.shape[2], buf.shape[4])
+        if rows <= R and cols <= C:
+            return
+        R2, C2 = max(R, rows, 2 * R if rows > R else 0), max(C, cols, 2 * C if cols > C else 0)
+        shape = (
+            2,
+            cache.num_layers,
+            R2,
+            cache.num_kv_heads,
+            -(-C2 // cache.block) * cache.block,
+            cache.head_dim,
+        )
+        new = torch.zeros(shape, dtype=cache.dtype, device=cache.device)
+        if buf is not None:
+            new[:, :, :R, :, :C] = buf
+        self.buf = new
+        self.valid = np.concatenate([self.valid, np.zeros(R2 - len(self.valid), dtype=np.int64)])
+
+    def catch_up(self, cache: PagedKVCache, rows: np.ndarray, pos: np.ndarray, length: int) -> None:
+        """Before a decode step of `rows` at columns `pos`: copy from the pool the columns each row holds
+        but the mirror does not; afterwards the step's own writes (`write`) keep it current."""
+        self._fit(cache, int(rows.max()) + 1, length)
+        store, B = cache.store, cache.block
+        for i in np.flatnonzero(self.valid[rows] < pos):  # rows that changed hands or were prefilled
+            r, p, a = int(rows[i]), int(pos[i]), int(self.valid[rows[i]])
+            b0 = a // B
+            blocks = cache.rows[r][b0 : -(-p // B)]
+            src = store[:, :, blocks].transpose(2, 3).flatten(3, 4)  # [2, L, H, nb * BLOCK, D]
+            self.buf[:, :, r, :, a:p] = src[:, :, :, a - b0 * B : p - b0 * B]
+        self.valid[rows] = pos + 1  # the step writes column pos
+
+    def write(
+        self, layer: int, rows: Tensor, pos: Tensor, k: Tensor, v: Tensor, length: int, first_rows: int
+    ) -> tuple[Tensor, Tensor]:
+        """Write the step's keys/values [B, H, 1, D] at column pos[b] of row rows[b]; return what the rows
+        attend over, [B, H, length, D] (a view where the rows are 0..B-1)."""
+        keys, values = self.buf[0, layer], self.buf[1, layer]
+        keys[rows, :, pos] = k[:, :, 0]
+        values[rows, :, pos] = v[:, :, 0]
+        if first_rows:
+            return keys[:first_rows, :, :length], values[:first_rows, :, :length]
+        return keys[rows, :, :length], values[rows, :, :length]

@@ -77,6 +77,53 @@ def test_prefill_and_decode_write_blocks_and_attend_as_a_contiguous_cache():
     assert torch.equal(values[0, :, :20], k[0] + 1)
 
 
+def test_the_cpu_decode_mirror_follows_moves_fan_out_and_reused_rows():
+    """On the CPU a decode step attends over a contiguous mirror of the rows' KV: after rows move, fan out
+    to samples, are freed and reused, every step still attends over exactly the pool's columns."""
+    kv = _cache()
+    torch.manual_seed(0)
+    lens = [BLOCK + 3, 5]  # tokens each row holds after its prefill
+    for r, n in enumerate(lens):
+        kv.extend(r, n)
+    kv.for_prefill(torch.tensor([0, 1]))
+    kv.update(torch.randn(2, 2, max(lens), 4), torch.randn(2, 2, max(lens), 4), 0)
+
+    def step() -> None:
+        B = len(lens)
+        for r in range(B):
+            kv.extend(r, lens[r] + 1)
+        pos = torch.tensor(lens)
+        length = max(lens) + 1
+        kv.for_decode(pos, length)
+        new = torch.randn(B, 2, 1, 4)
+        keys, values = kv.update(new, -new, 0)
+        want = kv._gather(kv.keys[0], torch.arange(B), length)
+        for r in range(B):  # columns past a row's own are other rows' padding: not compared
+            assert torch.equal(keys[r, :, : lens[r] + 1], want[r, :, : lens[r] + 1])
+            assert torch.equal(values[r, :, lens[r]], -new[r, :, 0])
+        for r in range(B):
+            lens[r] += 1
+
+    for _ in range(3):
+        step()
+    kv.move([1], [2])  # row 1 leaves, then row 0 moves into its place and row 2 back to 0
+    kv.move([0, 2], [1, 0])
+    lens.reverse()
+    step()
+    kv.copy(1, [2, 3], lens[1])  # row 1 fans out to two samples
+    lens += [lens[1], lens[1]]
+    step()
+    kv.free_row(0)  # a fresh prompt takes row 0
+    kv.extend(0, 7)
+    kv.for_prefill(torch.tensor([0]))
+    kv.update(torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4), 0)
+    lens[0] = 7
+    for _ in range(BLOCK + 1):  # across a block boundary
+        step()
+    kv.release()
+    assert kv.store is None
+
+
 GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
 SEEDED = {"max_new_tokens": 40, "temperature": 1.0, "sampling_seed": 11, "ignore_eos": True}
 
