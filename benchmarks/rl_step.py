@@ -116,6 +116,8 @@ def write_model(preset: str, out: Path, dtype: str, device: str) -> tuple[Path, 
     vocab = 151936 if preset != "tiny" else 512
     init_device = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
     kwargs = dict(family="qwen2", tokenizer=tok, dtype=dtype, vocab_size=vocab, **PRESETS[preset])
+    if preset != "tiny":  # Qwen2.5's context: room for --new-tokens 2048 and more after the prompt
+        kwargs["max_position_embeddings"] = 32768
     try:
         path = write_tiny_model(out, device=init_device, **kwargs)
     except TypeError:  # a tree from before `device` (the "before" run of a comparison): on the CPU

@@ -22,6 +22,7 @@ log-prob gap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
@@ -105,6 +106,14 @@ def _mean(xs: list[float]) -> float | None:
     return round(statistics.fmean(xs), 3) if xs else None
 
 
+def _profiler() -> torch.profiler.profile:
+    """The torch profiler over one step's generation (`--profile-step`): where a decode step's time goes."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=acts)
+
+
 def _free_port() -> int:
     import socket
 
@@ -134,6 +143,9 @@ def main() -> None:
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder and vision layers")
     p.add_argument("--gen-only", action="store_true", help="generation only: no trainer, no weight sync")
+    p.add_argument(
+        "--profile-step", type=int, default=0, help="print the torch profile of this step's generation"
+    )
     p.add_argument(
         "--no-lean",
         action="store_true",
@@ -199,11 +211,19 @@ def main() -> None:
             for j in range(args.prompts)
         ]
         t = time.perf_counter()
-        futures = [
-            engine.submit(it.prompt_ids, params, multimodal_inputs=it.multimodal_inputs) for it in items
-        ]
-        results = [f.result() for f in futures]
+        prof = _profiler() if step + 1 == args.profile_step else contextlib.nullcontext()
+        with prof:
+            futures = [
+                engine.submit(it.prompt_ids, params, multimodal_inputs=it.multimodal_inputs) for it in items
+            ]
+            results = [f.result() for f in futures]
         gen_s.append(time.perf_counter() - t)
+        if step + 1 == args.profile_step:
+            print(
+                prof.key_averages().table(
+                    sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=25
+                )
+            )
         prompts, responses, lps, media, groups = [], [], [], [], []
         for g, (it, rs) in enumerate(zip(items, results, strict=True)):
             for r in rs:

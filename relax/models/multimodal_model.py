@@ -56,11 +56,14 @@ def banned_token_ids(model: nn.Module) -> list[int]:
     return sorted({int(v) for f in _MEDIA_TOKEN_FIELDS if (v := getattr(cfg, f, None)) is not None})
 
 
-def mask_media_logits(logits: Tensor, banned: list[int]) -> Tensor:
-    """`logits` [..., V] with the banned media tokens set to `BANNED_LOGIT` (a new tensor; autograd-safe)."""
-    if not banned:
+def mask_media_logits(logits: Tensor, banned: list[int] | Tensor) -> Tensor:
+    """`logits` [..., V] with the banned media tokens set to `BANNED_LOGIT` (a new tensor; autograd-safe).
+    `banned` as a tensor on the logits' device copies nothing from the host (a captured CUDA graph cannot)."""
+    if len(banned) == 0:
         return logits
-    return logits.index_fill(-1, torch.tensor(banned, device=logits.device), BANNED_LOGIT)
+    if not isinstance(banned, Tensor):
+        banned = torch.tensor(banned, device=logits.device)
+    return logits.index_fill(-1, banned, BANNED_LOGIT)
 
 
 def model_type_of(path: str | Path) -> str:

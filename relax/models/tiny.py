@@ -155,6 +155,7 @@ def write_tiny_model(
     tokenizer: PreTrainedTokenizerBase | None = None,
     init_std: float | None = None,
     device: str = "cpu",
+    max_position_embeddings: int = 2048,
 ) -> Path:
     """Write a random-initialised `family` checkpoint with a tiny tokenizer to `out_dir`; return the path.
 
@@ -165,6 +166,7 @@ def write_tiny_model(
     weight. With tied embeddings and a frozen head (LoRA) the logits are bounded by
     sqrt(hidden_size) * |embedding row|, so a random base needs a larger std to let adapters sharpen it.
     `device`: where the weights are initialised (a GPU writes billion-parameter shapes far sooner).
+    `max_position_embeddings`: the context; a benchmark of long responses needs Qwen2.5's 32768.
     """
     spec = get_family(family)
     if dtype not in _DTYPES:
@@ -184,6 +186,7 @@ def write_tiny_model(
         num_kv_heads=num_kv_heads,
         intermediate_size=intermediate_size or 4 * hidden_size,
         vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
     )
     config = spec.build_config(dims, tokenizer)
     config.dtype = dtype

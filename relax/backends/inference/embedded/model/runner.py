@@ -89,6 +89,7 @@ class ModelRunner:
         self.model = mmm.load_causal_lm(self.model_path, **kwargs).to(self.device).eval()
         self.multimodal = mmm.is_multimodal(self.model)
         self.banned_ids = mmm.banned_token_ids(self.model)  # media tokens, never sampled
+        self._banned_t = torch.tensor(self.banned_ids, dtype=torch.long, device=self.device)
         self.dtype = next(self.model.parameters()).dtype
         self.config = self.model.config
         self.tokenizer = load_tokenizer(self.model_path)
@@ -325,7 +326,7 @@ class ModelRunner:
 
     def _logits(self, h: Tensor) -> Tensor:
         """LM head; a multimodal model's media tokens get `BANNED_LOGIT` (never sampled)."""
-        return mmm.mask_media_logits(self.lm_head(h), self.banned_ids)
+        return mmm.mask_media_logits(self.lm_head(h), self._banned_t)
 
     # -- weights -----------------------------------------------------------------------------------
     def check_weights(self, items: list[tuple[str, Tensor]]) -> None:
