@@ -1,11 +1,16 @@
 """A real `relax train` run, read as an attacker would: which sockets listen while it runs, and where the
-secrets planted in its config end up.
+secrets planted in its config end up. The run is ended by Ctrl-C (SIGINT to its process group, as a
+terminal sends it), which must finish the step, leave a complete checkpoint and shut Ray and the engines
+down (one run for both: a run's start-up costs more than its checks).
 
 * No listener of the run or of the Ray cluster it starts is on all interfaces or on any address but
   loopback (single host): every process carrying the run's marker is read from /proc while it trains.
 * The remote reward's credentials, the notification URL's password and the run's token appear in no
   file of the run folder (W&B's offline folder included) and nowhere in the captured log; the token's
   own file is readable by its owner only.
+* Ctrl-C: exit code 0, the last checkpoint's step is the last step in metrics.jsonl, steps 1..N all
+  there, and no process of the run left behind (resuming from it is as from any other checkpoint:
+  tests/e2e/test_train_e2e.py, tests/cluster/test_multi_host.py).
 * The Ray cluster the run starts asks for Ray's token (RAY_AUTH_MODE=token in its GCS and raylet), a
   token of the run's own in `secrets/ray_token` (owner only), which is in no other file and not in the
   log. The run starts from an environment without Ray auth settings, as a user's shell would.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +30,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from relax.orchestration import checkpoint as ckpt
+from tests.faults.places import marked_pids
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +73,9 @@ def _loopback(address: str) -> bool:
     return (mapped or ip).is_loopback
 
 
-def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, arith_file, tmp_path):
+def test_a_run_listens_on_loopback_only_keeps_its_secrets_and_stops_on_ctrl_c(
+    tiny_model_dir, arith_file, tmp_path
+):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         "reward:\n"
@@ -84,11 +95,12 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
         f"data.train_files=[{arith_file}]",
         f"run.output_dir={tmp_path}",
         "run.name=sec",
-        "trainer.num_steps=3",
+        "trainer.num_steps=1000",  # ended by Ctrl-C
         "rollout.prompts_per_step=4",
         "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=4",
         "ops.progress=false",
-        "ops.checkpoint_interval=3",
+        "ops.checkpoint_interval=0",  # the checkpoint is Ctrl-C's
     ]
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},  # a user's shell
@@ -98,6 +110,8 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
         "WANDB_MODE": "offline",
     }
     log_file = tmp_path / "log.txt"
+    run_dir = tmp_path / "sec"
+    metrics = run_dir / "metrics.jsonl"
     listeners: set[tuple[str, str, int]] = set()
     ray_auth: dict[str, str] = {}
     with open(log_file, "w") as log:
@@ -110,12 +124,20 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
         )
         deadline = time.monotonic() + 600
         try:
+            stepped = 0.0  # when the first step was seen: listeners are read a little longer
             while proc.poll() is None and time.monotonic() < deadline:
                 listeners |= _marked_listeners(ray_auth)
+                if not stepped and metrics.exists() and metrics.read_text().strip():
+                    stepped = time.monotonic()
+                if stepped and time.monotonic() > stepped + 2:
+                    break
                 time.sleep(0.5)
+            assert proc.poll() is None, log_file.read_text(errors="replace")[-4000:]
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=300)  # generous: a hang fails the test instead of blocking it
         finally:
             if proc.poll() is None:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
     log_text = log_file.read_text(errors="replace")
     assert proc.returncode == 0, log_text[-4000:]
 
@@ -123,7 +145,15 @@ def test_a_run_listens_on_loopback_only_and_keeps_its_secrets(tiny_model_dir, ar
     open_ = sorted(x for x in listeners if not _loopback(x[1]))
     assert not open_, f"listeners not on loopback: {open_}"
 
-    run_dir = tmp_path / "sec"
+    found = ckpt.latest_checkpoint(run_dir)
+    assert found is not None, log_text[-4000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, found[0] + 1))
+    deadline = time.monotonic() + 30
+    while marked_pids(MARK) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not marked_pids(MARK), "processes of the run (Ray, engines) left behind after Ctrl-C"
+
     token_file = run_dir / "secrets" / "run_token"
     assert token_file.read_text().strip() == PLANTED["run token"]
     assert token_file.stat().st_mode & 0o077 == 0, oct(token_file.stat().st_mode)
