@@ -139,7 +139,10 @@ def rope_positions(
         }
         if "second_per_grid_ts" in mm:
             kwargs["second_per_grid_ts"] = mm["second_per_grid_ts"]
-        pos, delta = inner.get_rope_index(input_ids, _token_types(cfg, input_ids), **kwargs)
+        types = _token_types(cfg, input_ids)
+        pos, delta = inner.get_rope_index(input_ids, types, **kwargs)
+        if mm.get("video_grid_thw") is not None:
+            pos, delta = _text_after_media_at_max_plus_one(pos, types, attention_mask)
     elif model_type in OMNI_TYPES:
         fam = mm.get("feature_attention_mask")
         pos, delta = inner.get_rope_index(
@@ -156,6 +159,39 @@ def rope_positions(
             f"model type {model_type!r} has no multimodal positions; known: {sorted(MULTIMODAL_TYPES)}"
         )
     return pos.long().to(input_ids.device), delta.reshape(-1).long().to(input_ids.device)
+
+
+def _text_after_media_at_max_plus_one(
+    pos: Tensor, types: Tensor, attention_mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Qwen2-VL / Qwen2.5-VL positions with the text after a video starting at the largest position so
+    far plus one, as the models were trained (their `get_rope_index` docstring: "the text start
+    position_ids as the max vision position_ids plus 1"), and the rope deltas of those positions.
+
+    `transformers` 5's `get_rope_index` starts it after the video's *spatial* extent only, while its
+    decode continues from the largest position plus one (the delta). Where a video's time positions run
+    past its height and width (several temporal patches, `tokens_per_second` > 1) the two disagree: the
+    trainer, which runs prompt and response through `get_rope_index`, would place the response's tokens
+    elsewhere than the engine that generated them. With every text run starting at max + 1, the prompt's
+    last token holds the largest position and both agree. Images (one temporal patch) are unchanged."""
+    pos = pos.clone()
+    for b in range(pos.shape[1]):
+        real = attention_mask[b].bool()
+        row, kinds = pos[:, b, real], types[b, real]
+        starts = torch.nonzero(torch.diff(kinds, prepend=kinds[:1] - 1)).flatten().tolist()
+        shift, top = 0, None
+        for i, s in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else row.shape[1]
+            run = row[:, s:end]
+            if kinds[s] == 0 and top is not None:  # text after media
+                shift = int(top) + 1 - int(run[0, 0])
+            run += shift
+            top = run.max() if top is None else torch.maximum(top, run.max())
+        pos[:, b, real] = row
+    n_real = attention_mask.sum(-1)
+    masked = pos.masked_fill(~attention_mask.bool().unsqueeze(0), -1)
+    delta = masked.amax(dim=(0, 2)) + 1 - n_real
+    return pos, delta
 
 
 # the small per-item tensors the mrope positions are computed from (pixels and audio features are not)
