@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
@@ -117,13 +118,36 @@ class EngineGroup:
         )
 
     def stop(self) -> None:
+        """Stop every engine's server, kill its actor, and return once the actors are gone: `ray.kill`
+        only asks, and an engine that still answered after a stop (its CPUs, its port, its GPU memory
+        still held) would meet the replacements a restart starts next."""
         for actor in self.actors:
             try:
                 ray.get(actor.stop.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - the actor may already be gone
                 pass
             ray.kill(actor)
+        wait_gone(self.actors)
         self.actors = []
+
+
+def wait_gone(actors: list[Any], timeout_s: float = 30.0) -> None:
+    """Return once each of the (killed) `actors` is dead, or after `timeout_s` (logged)."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    for actor in actors:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except RayActorError:
+                break
+            except GetTimeoutError:
+                continue
+            time.sleep(0.05)
+        else:
+            logger.warning("an engine actor was still alive %.0fs after it was killed", timeout_s)
+            return
 
 
 class RayEngineProvider:
