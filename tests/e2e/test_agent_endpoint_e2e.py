@@ -41,6 +41,7 @@ def test_agent_endpoint_passes_the_openai_checks_in_a_training_run(
             "rollout.agent.agent_timeout_s=600",
             "trainer.num_steps=1",
             "ops.progress=false",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             "ops.tensorboard=false",
             "resources.num_cpus=8",
         ],

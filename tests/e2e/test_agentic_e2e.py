@@ -30,6 +30,7 @@ def test_calculator_tool_use_rises(ray_cluster, tiny_model_dir, tmp_path):
             f"run.output_dir={tmp_path}",
             f"trainer.num_steps={steps}",
             "ops.tensorboard=false",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             "resources.num_cpus=8",
         ],
     )

@@ -42,6 +42,7 @@ def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path) -> list[di
             "rollout.prompts_per_step=32",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             "eval.sets=[]",
             # the teacher: the tiny model's own folder (a smoke run; any model folder of the same vocabulary)
             *([f"model.reference_path={tiny_model_dir}"] if name == "on_policy_distillation" else []),

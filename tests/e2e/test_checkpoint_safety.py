@@ -40,6 +40,7 @@ def cfg(tiny_model_dir, arith_file, tmp_path, steps, *extra):
             "ops.checkpoint_interval=1",
             "ops.keep_checkpoints=3",
             "ops.progress=false",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             *extra,
         ],
     )

@@ -27,6 +27,7 @@ def test_eval_in_run_and_eval_only(ray_cluster, tiny_model_dir, arith_file, tmp_
         "trainer.num_steps=2",
         "trainer.lr=1e-2",
         "ops.progress=false",
+        "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
         "eval.interval=1",
         "eval.before_train=true",
         f"eval.sets=[{{name: arith, files: [{arith_file}], max_prompts: 12, n_samples_per_prompt: 2, "

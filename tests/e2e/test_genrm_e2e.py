@@ -65,6 +65,7 @@ def genrm_config(tiny_model_dir, arith_file, judge_dir, out_dir: Path):
             "rollout.max_new_tokens=4",
             f"trainer.num_steps={STEPS}",
             "ops.progress=false",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             "resources.num_cpus=8",
         ],
     )

@@ -99,6 +99,7 @@ def test_sigterm_during_a_stuck_step_stops_after_the_grace(tiny_model_dir, arith
         "stuck",
         "ops.stop_grace_s=5",
         "schedule.debug_train_delay_s=600",
+        "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
     )
     # once step 1's update has started (it sleeps 600 s: only the grace ends it), whatever the load; the
     # fault suite's phase hook (tests/faults/hook) marks the Actor's train_sync call in `fault_dir/hit`
@@ -135,6 +136,7 @@ def test_a_stalled_step_fails_the_run_naming_role_and_phase(
             "ops.step_timeout_s=8",
             "ops.max_global_restarts=0",
             "schedule.debug_train_delay_s=600",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
         ],
     )
     # the update sleeps 600 s: a watchdog that did not fire would let the step finish, and nothing be raised

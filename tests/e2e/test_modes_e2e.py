@@ -128,6 +128,7 @@ def test_in_place_partial_rollout_keeps_requests_across_updates(
         "rollout.max_new_tokens=32",
         "rollout.prompts_per_step=8",
         "schedule.debug_engine_step_sleep_s=0.02",  # generation outlasts a training step: pushes land mid-way
+        "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
     ]
     cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "fully_async", steps=4, extra=extra)
     assert Controller(cfg).run() == 4

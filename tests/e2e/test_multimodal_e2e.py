@@ -103,7 +103,8 @@ def test_tones_learn_with_qwen2_5_omni(ray_cluster, tmp_path):
     model = write_tiny_model(tmp_path / "omni", family="qwen2_5_omni")
     _, mixed = odd_rows(tmp_path)
     data = with_row(generate_tones(tmp_path / "tones.jsonl", n=256), mixed)
-    rows = run(tmp_path, "audio_tones", model, data, steps=40)
+    # the in-process data plane (the VL run above carries media rows through TransferQueue)
+    rows = run(tmp_path, "audio_tones", model, data, steps=40, extra=["schedule.data_plane=ray"])
     check_every_step_trained(rows, 40)
     assert max(r["train/rollout_logp_abs_diff_max"] for r in rows) < 1e-4
     first, last = mean_reward(rows[:10]), mean_reward(rows[-10:])

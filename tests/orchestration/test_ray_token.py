@@ -149,7 +149,14 @@ def test_a_process_without_the_token_cannot_join_the_cluster_relax_started(tmp_p
         # Ray's defaults (no token sent), token mode with no token to send, a wrong token: the GCS refuses
         # them (Ray's client says ConnectionError or AuthenticationError); the join with the token, at the
         # same time, shows the cluster was up meanwhile
-        strangers = [{}, {"RAY_AUTH_MODE": "token"}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}]
+        # A refused client retries its GCS connection 20 times a second apart (Ray's
+        # RAY_NUM_REDIS_GET_RETRIES) before it says so; two retries refuse it as surely, 18 s sooner.
+        quick = {"RAY_NUM_REDIS_GET_RETRIES": "2"}
+        strangers = [
+            quick,
+            {"RAY_AUTH_MODE": "token", **quick},
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64, **quick},
+        ]
         owner_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
         *refused, joined = _joins(address, stranger, *strangers, owner_env)
         for extra, answer in zip(strangers, refused, strict=True):

@@ -133,6 +133,7 @@ def test_ppo_with_fsdp_ranks_trains_the_critic_on_them(ray_cluster, tiny_model_d
             "rollout.prompts_per_step=8",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             "eval.sets=[]",
         ],
     )

@@ -29,6 +29,7 @@ def toy_config(example: str, tiny_model_dir, arith_file, out_dir, steps: int = S
             "rollout.prompts_per_step=32",
             "ops.checkpoint_interval=0",
             "ops.progress=false",
+            "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             "resources.num_cpus=8",
         ],
     )
