@@ -13,7 +13,7 @@ paths from the shared work folder and are started the ways Ray users start jobs:
 - a run that asks for more than the cluster has stops before any role starts, naming the shortfall and
   the keys to change; two SIGTERMs while the roles start end the process (exit 130).
 - a data file one host cannot see stops the run before training, naming the host and the path; a model
-  that fails to load stops the run within 30 s of the roles' start, naming the node.
+  that fails to load stops the run on the constructor's error, naming the node (full tier).
 
 The same checks on unlabelled clusters with a 0-CPU or a 1-CPU head are tests/cluster/test_cluster_shapes.py
 and scripts/cluster_soak.py (the full tier).
@@ -273,6 +273,9 @@ def test_a_path_one_host_cannot_see_stops_the_run_before_training(cluster, workd
     assert not rows(workdir / "runs" / "hidden")
 
 
+# full tier: the same stop on a failing constructor, its error and node, is checked on the session's
+# cluster (tests/orchestration/test_role_start.py); here it is the CLI's message on a labelled node
+@pytest.mark.full
 def test_a_role_that_fails_to_start_stops_the_run_on_its_error(cluster, workdir):
     done = train(cluster, "run.name=broken", "model.path=assets/broken_model", timeout_s=300)
     assert done.returncode == 1, done.stderr[-3000:]
