@@ -30,6 +30,18 @@ def _signal_timeout() -> int | None:
     return _VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's warning that its timeout is off, logged at every call made without one: off
+    the main thread that is on purpose (above), and a run's console got a line per scored sample."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
+
+
 def _parse(text: str) -> list[Any]:
     from math_verify import parse
 

@@ -84,6 +84,18 @@ def test_math(response: str, label: object, expected: float) -> None:
     assert math_reward(sample(response, label)) == expected
 
 
+def test_math_off_the_main_thread_scores_without_a_warning_per_call(caplog) -> None:
+    """The scorer's worker threads call math-verify without its signal timeout; its notice that the
+    timeout is off is dropped (one line per scored sample on a run's console), other warnings are not."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    with caplog.at_level(logging.WARNING), ThreadPoolExecutor(1) as pool:
+        assert pool.submit(math_reward, sample("\\boxed{\\frac{1}{2}}", "0.5")).result() == 1.0
+        logging.getLogger("math_verify.parser").warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
+
+
 # -- multiple choice --
 
 
