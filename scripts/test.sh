@@ -54,8 +54,8 @@ bash scripts/docs.sh  # the docs site builds with no warning (broken links fail)
 
 # One pytest process by default. RELAX_TEST_WORKERS=N runs N pytest-xdist workers (each with its own
 # session Ray cluster; the simulated-cluster tests share one worker, xdist_group), but on 2 cores the
-# end-to-end tests are CPU-bound (each run is ~10 processes): two workers made the clean-clone suite slower
-# (52% done after 46 min against 47 min for all of it in one process) and Ray nodes timed out at start-up.
+# end-to-end tests are CPU-bound (each run is ~10 processes): two workers finished 11% sooner while every
+# end-to-end test took twice as long (docs/testing.md), too little gain for the timeouts it strains.
 workers=${RELAX_TEST_WORKERS:-0}
 args=()
 if [ "$workers" != 0 ]; then
