@@ -40,7 +40,7 @@ def run_sessions(engine: EmbeddedEngine, args: argparse.Namespace, vocab: int) -
     system = [rng.randrange(1, vocab) for _ in range(args.system_len)]
     convs = [system + [rng.randrange(1, vocab) for _ in range(args.user_len)] for _ in range(args.sessions)]
     params = {"temperature": 1.0, "ignore_eos": True, "max_new_tokens": args.turn_tokens}
-    generated = 0
+    generated, turn_s = 0, []
     t0 = time.perf_counter()
     for _turn in range(args.turns):
         futures = [engine.submit(c, params) for c in convs]
@@ -48,9 +48,10 @@ def run_sessions(engine: EmbeddedEngine, args: argparse.Namespace, vocab: int) -
             out = f.result()[0].output_ids
             generated += len(out)
             convs[i] = convs[i] + out + [rng.randrange(1, vocab) for _ in range(args.obs_len)]
+        turn_s.append(round(time.perf_counter() - t0 - sum(turn_s), 4))
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
-    return {"seconds": time.perf_counter() - t0, "generated": generated}
+    return {"seconds": time.perf_counter() - t0, "generated": generated, "turn_s": turn_s}
 
 
 def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) -> dict:
@@ -64,16 +65,27 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) ->
         enable_prefix_cache=cache,
         chunked_prefill_size=args.chunked_prefill_size,
     ).start()
+    timeline = None
+    if args.timeline:
+        from engine import StepTimeline  # benchmarks/engine.py, beside this script
+
+        timeline = StepTimeline(engine.scheduler)
     try:
         run_sessions(engine, args, vocab)  # untimed
         times = []
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
+            if timeline is not None:  # the last pass
+                timeline.recording = i == args.repeats - 1
+            t_pass = time.perf_counter()
             engine.flush_cache()
             s = engine.scheduler
             computed, submitted = s.prefill_computed, s.prefill_submitted
             hits, lookups = (s.prefix.hit_tokens, s.prefix.lookup_tokens) if s.prefix else (0, 0)
             r = run_sessions(engine, args, vocab)
             times.append(r["seconds"])
+            if timeline is not None and timeline.recording:
+                summary = timeline.summary(t_pass, t_pass + r["seconds"])
+                logger.info("engine timeline (cache %s): %s", "on" if cache else "off", json.dumps(summary))
         r["seconds"] = statistics.median(times)  # the counts are the same in every pass
         r["prefill_computed"] = s.prefill_computed - computed
         r["prefill_submitted"] = s.prefill_submitted - submitted
@@ -81,6 +93,8 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) ->
             r["hit_rate"] = (s.prefix.hit_tokens - hits) / max(s.prefix.lookup_tokens - lookups, 1)
     finally:
         engine.shutdown()
+        if timeline is not None:
+            timeline.close()
     r["tok_s"] = r["generated"] / r["seconds"]
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
 
@@ -105,6 +119,7 @@ def main() -> None:
         default=None,
         help="Prefill tokens a step (-1: off; default: the engine's).",
     )
+    ap.add_argument("--timeline", action="store_true", help="Log where the last timed pass spends time.")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:

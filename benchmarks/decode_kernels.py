@@ -23,6 +23,13 @@ slots and over block tables of 16 and 64 tokens (blocks scattered at random), at
 columns and 16 rows x 32k (split-K), with the bytes it reads against 4.8 TB/s:
 
     python benchmarks/decode_kernels.py --paged
+
+Attention step settings per model shape (`--step-sweep`): the paged attention step with the row scale
+folded in (as the engine runs it) over tile widths, warps, pipeline stages and split counts, at the
+shapes of Qwen2.5-0.5B (14 / 2 heads of 64), Qwen2.5-1.5B (12 / 2 of 128) and Qwen2.5-VL-3B (16 / 2 of
+128, 64 rows: 8 images x 8 samples); prints the engine's choice and the fastest five per shape:
+
+    python benchmarks/decode_kernels.py --step-sweep
 """
 
 from __future__ import annotations
@@ -196,6 +203,68 @@ def paged_case(rows: int, L: int, g: torch.Generator) -> dict:
     return row
 
 
+STEP_SHAPES = (  # (name, rows, query heads, kv heads, head size, hidden, columns)
+    ("0.5b", 256, 14, 2, 64, 896, 384),
+    ("0.5b", 256, 14, 2, 64, 896, 1152),
+    ("1.5b", 256, 12, 2, 128, 1536, 384),
+    ("1.5b", 256, 12, 2, 128, 1536, 1152),
+    ("vl-3b", 64, 16, 2, 128, 2048, 384),
+    ("vl-3b", 64, 16, 2, 128, 2048, 512),
+)
+
+
+def step_sweep() -> None:
+    """`--step-sweep`: the attention step's settings per model shape (docstring above)."""
+    from relax.backends.inference.embedded.model import attention_step as ast
+    from relax.backends.inference.embedded.model import decode_attention as da
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    for name, rows, Hq, Hk, D, hidden, L in STEP_SHAPES:
+        page, C = 16, L + 128
+        nb = -(-C // page)
+        qk = torch.randn(rows, Hq + Hk, D, generator=g, **bf16)
+        v = torch.randn(rows, Hk, D, generator=g, **bf16)
+        x = torch.randn(rows, hidden, generator=g, **bf16)
+        cos, sin = torch.ones(rows, D, **bf16), torch.zeros(rows, D, **bf16)
+        lengths = torch.randint(L - 96, L - 31, (rows,), device="cuda", generator=g, dtype=torch.int32)
+        idx = torch.arange(rows, device="cuda")
+        pool_k = torch.randn(rows * nb + 1, Hk, page, D, generator=g, **bf16)
+        pool_v = torch.randn_like(pool_k)
+        table = (torch.randperm(rows * nb, device="cuda", generator=g) + 1).view(rows, nb).to(torch.int32)
+        base = (qk, v, cos, sin, pool_k, pool_v, idx, lengths, L, D**-0.5, x, None, 1e-6)
+        kv_gb = 2 * float(lengths.sum()) * Hk * D * 2 / 1e9
+        results = []
+        for block in (32, 64, 128):
+            for warps in (2, 4, 8):
+                for stages in (2, 3):
+                    for splits in sorted({1, 2, 3, 4, 6, 8} & set(range(1, -(-L // block) + 1))):
+                        cfg = {"block": block, "warps": warps, "stages": stages, "splits": splits}
+                        try:
+                            us = graph_time_us(
+                                lambda c=cfg, a=base, t=table: ast._launch(
+                                    *a, c["splits"], t, c["block"], c["warps"], c["stages"]
+                                ),
+                                reps=20,
+                            )
+                        except Exception as e:  # noqa: BLE001 - a configuration that does not compile
+                            print(json.dumps({"shape": name, **cfg, "error": str(e)[:120]}), flush=True)
+                            continue
+                        results.append((round(us, 2), cfg))
+        results.sort(key=lambda r: r[0])
+        engine_us = graph_time_us(
+            lambda a=base, t=table: ast.attention_step(*a[:11], eps=1e-6, table=t), reps=20
+        )
+        splits = da.splits_for(rows, Hk, L)
+        splits = min(2 * splits, -(-L // da.BLOCK_N)) if splits > 1 else 1
+        print(json.dumps({
+            "shape": name, "rows": rows, "columns": L, "heads": f"{Hq}/{Hk}x{D}",
+            "floor_us": round(kv_gb / 4.8e3 * 1e6, 2), "engine_us": round(engine_us, 2),
+            "engine_cfg": dict(zip(("block", "warps", "stages"), da.step_config(D), strict=True)) | {"splits": splits},
+            "best": results[:5],
+        }), flush=True)  # fmt: skip
+
+
 def paged_sweep() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     for rows, L in ((256, 2048), (256, 8192), (16, 32768)):
@@ -208,7 +277,11 @@ def main() -> None:
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--attention", action="store_true", help="sweep the decode attention's settings")
     ap.add_argument("--paged", action="store_true", help="the attention step over slots and block tables")
+    ap.add_argument("--step-sweep", action="store_true", help="the attention step's settings per shape")
     args = ap.parse_args()
+    if args.step_sweep:
+        step_sweep()
+        return
     if args.paged:
         paged_sweep()
         return

@@ -27,6 +27,7 @@ import json
 import logging
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -147,6 +148,11 @@ def main() -> None:
         "--profile-step", type=int, default=0, help="print the torch profile of this step's generation"
     )
     p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="log where each generation's engine time goes (benchmarks/engine.py's --timeline)",
+    )
+    p.add_argument(
         "--no-lean",
         action="store_true",
         help="decode through the transformers forward (no lean decoder or graphs)",
@@ -164,6 +170,7 @@ def main() -> None:
     from relax.data.config import MediaConfig
     from relax.data.multimodal import MultimodalProcessor
     from relax.data.toy_media import COLOR_PROMPT, COLORS, color_image
+    from relax.utils.gc_freeze import freeze_startup_objects
 
     cuda = args.device == "cuda"
     work = Path(tempfile.mkdtemp(prefix="relax-vl-bench-"))
@@ -185,6 +192,13 @@ def main() -> None:
         max_total_tokens=args.kv_tokens,
         use_lean=not args.no_lean,
     ).start()
+    freeze_startup_objects()  # as the engine's Ray actor does
+    timeline = None
+    if args.timeline:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from engine import StepTimeline  # benchmarks/engine.py
+
+        timeline = StepTimeline(engine.scheduler)
     engine_gb = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
     tcfg = TrainerConfig(
         backend="fsdp",
@@ -212,12 +226,19 @@ def main() -> None:
         ]
         t = time.perf_counter()
         prof = _profiler() if step + 1 == args.profile_step else contextlib.nullcontext()
+        if timeline is not None:
+            timeline.steps, timeline.recording = [], step > 0  # the first step captures the graphs
+            timeline.spent = dict.fromkeys(timeline.spent, 0.0)
         with prof:
             futures = [
                 engine.submit(it.prompt_ids, params, multimodal_inputs=it.multimodal_inputs) for it in items
             ]
             results = [f.result() for f in futures]
         gen_s.append(time.perf_counter() - t)
+        if timeline is not None and timeline.recording:
+            logger.info(
+                "engine timeline, step %d: %s", step + 1, json.dumps(timeline.summary(t, t + gen_s[-1]))
+            )
         if step + 1 == args.profile_step:
             print(
                 prof.key_averages().table(

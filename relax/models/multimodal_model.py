@@ -73,12 +73,17 @@ def model_type_of(path: str | Path) -> str:
 
 
 def load_causal_lm(path: str | Path, **kwargs: Any) -> nn.Module:
-    """The folder's generative model: a text causal LM, a VL model or an Omni thinker."""
+    """The folder's generative model: a text causal LM, a VL model or an Omni thinker (a VL model's window
+    attention batched: `relax.models.vision_attention`)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from relax.models.vision_attention import group_window_attention
 
     model_type = model_type_of(path)
     if model_type in VL_TYPES or model_type in OMNI_TYPES:
-        return AutoModelForImageTextToText.from_pretrained(str(path), **kwargs)
+        model = AutoModelForImageTextToText.from_pretrained(str(path), **kwargs)
+        group_window_attention(model)  # the vision tower's windows in a few calls, not one each
+        return model
     return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
 
 

@@ -216,13 +216,19 @@ def _launch(
     eps: float,
     splits: int,
     table: Tensor | None = None,
+    block: int | None = None,
+    warps: int | None = None,
+    stages: int | None = None,
 ) -> Tensor:
+    """`block`, `warps`, `stages`: the tile width and launch settings (None: `decode_attention.step_config`
+    for the head size; the sweep of `benchmarks/decode_kernels.py --step-sweep` varies them)."""
     N, H, D = qk.shape
     Hk = v.shape[1]
     Hq = H - Hk
     R = Hq // Hk
     R_PAD = max(16, 1 << (R - 1).bit_length())
-    block = da.BLOCK_N
+    tile, tile_warps, tile_stages = da.step_config(D)
+    block, warps, stages = block or tile, warps or tile_warps, stages or tile_stages
     cols = -(-columns // (splits * block)) * block  # columns per split, whole tiles
     out = torch.empty(N, Hk, R, D, dtype=qk.dtype, device=qk.device)
     if splits > 1:
@@ -242,7 +248,7 @@ def _launch(
         *strides, R, Hq, Hk, hidden, eps, scale * math.log2(math.e), cols,
         R_PAD=R_PAD, D=D, H_PAD=1 << (hidden - 1).bit_length(), BLOCK=block, SPLIT=splits > 1,
         NORM=x is not None, BIAS=bias is not None, PAGE=k_buf.shape[2] if table is not None else 0,
-        num_warps=da.WARPS, num_stages=da.STAGES,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if splits > 1:
         merge = da._kernels()[1]

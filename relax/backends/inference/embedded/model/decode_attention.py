@@ -34,6 +34,10 @@ BLOCK_N = 64
 WARPS = 2
 STAGES = 3
 TARGET_PROGRAMS = 264  # about two per SM of an H200 (132 SMs)
+# A split shorter than this spends more on its prologue (loading and rotating the query) and on the merge
+# kernel than its parallelism wins back: 64 rows of Qwen2.5-VL-3B over 384 columns took 19.3 us in 6
+# splits of one tile, 11.5 us in one (`decode_kernels.py --step-sweep`, docs/measurements.md)
+MIN_SPLIT_COLUMNS = 512
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -136,9 +140,18 @@ def _kernels() -> tuple[Any, Any]:
 
 
 def splits_for(batch: int, kv_heads: int, columns: int) -> int:
-    """Splits of the columns: enough programs to fill the GPU, none shorter than one tile."""
+    """Splits of the columns: enough programs to fill the GPU, none shorter than `MIN_SPLIT_COLUMNS`."""
     want = -(-TARGET_PROGRAMS // (batch * kv_heads))
-    return max(1, min(want, -(-columns // BLOCK_N)))
+    return max(1, min(want, columns // MIN_SPLIT_COLUMNS))
+
+
+def step_config(head_dim: int) -> tuple[int, int, int]:
+    """(columns per tile, warps, pipeline stages) of the attention step for a head size. 64 (Qwen2.5-0.5B):
+    the module's defaults. 128 (Qwen2.5-1.5B and up, the VL models): a [16, 128] query tile and its
+    accumulator need four warps' registers; with two the step was 15-40% slower (docs/measurements.md)."""
+    if head_dim <= 64:
+        return BLOCK_N, WARPS, STAGES
+    return BLOCK_N, 4, 2
 
 
 _warmed: set[tuple] = set()
