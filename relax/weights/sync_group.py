@@ -74,7 +74,6 @@ class WeightSyncGroup:
         self.pg, self.store, self.rank, self.world_size = pg, store, rank, world_size
         self.backend, self.name = backend, name
         self.device = device  # where tensors travel: cpu for gloo, this rank's GPU for nccl
-        self.listener: socket.socket | None = None  # rank 0: the store's socket (`_store_listener`)
 
     def _on_device(self) -> Any:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
@@ -177,6 +176,9 @@ def create_group(
         raise ValueError(f"backend {backend} moves tensors on {device_type}, not on {device}")
     timeout = timedelta(seconds=timeout_s)
     listener = _store_listener(master_address, master_port) if rank == 0 else None
+    # The store takes the socket over and closes it when it goes: a socket object kept beside it closed the
+    # same number a second time, which, once the number was reused, closed another group's rendezvous
+    # socket (seen as "Failed to open existing socket ... ENOTSOCK" while tests ran side by side)
     store = dist.TCPStore(
         master_address,
         master_port,
@@ -184,7 +186,7 @@ def create_group(
         is_master=(rank == 0),
         timeout=timeout,
         multi_tenant=True,
-        master_listen_fd=None if listener is None else listener.fileno(),
+        master_listen_fd=None if listener is None else listener.detach(),
     )
     # The same prefixes as torch.distributed's group helper under SGLang's init_custom_process_group.
     prefixed = dist.PrefixStore(
@@ -204,7 +206,6 @@ def create_group(
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
     logger.info("weight-sync group %s: rank %d of %d joined (%s)", group_name, rank, world_size, backend)
     group = WeightSyncGroup(pg, store, rank, world_size, backend, group_name, torch.device(device))
-    group.listener = listener  # the store's socket lives as long as the group
     return group
 
 

@@ -57,3 +57,26 @@ def test_a_refusing_member_fails_the_formation_alone():
             good.group.destroy()
 
     asyncio.run(main())
+
+
+def test_the_rendezvous_socket_has_one_owner():
+    """The store closes its listening socket when it goes; no Python socket object may hold the same
+    number too (it would close it a second time, and by then the number can be another group's socket)."""
+    import gc
+    import socket
+
+    import psutil
+
+    port = free_port()
+    group = create_group("127.0.0.1", port, 0, 1, group_name="t_owner")
+    try:
+        listening = [
+            c.fd
+            for c in psutil.Process().net_connections("tcp")
+            if c.laddr.port == port and c.status == "LISTEN"
+        ]
+        assert listening, "the store does not listen on its port"
+        owners = [s for s in gc.get_objects() if isinstance(s, socket.socket) and s.fileno() in listening]
+        assert not owners, owners
+    finally:
+        group.destroy()
