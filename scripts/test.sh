@@ -52,27 +52,51 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray token auth stays on: Relax set
 .venv/bin/ruff format --check relax tests benchmarks
 bash scripts/docs.sh  # the docs site builds with no warning (broken links fail)
 
-# One pytest process by default. RELAX_TEST_WORKERS=N runs N pytest-xdist workers (each with its own
-# session Ray cluster; the simulated-cluster tests share one worker, xdist_group), but on 2 cores the
-# end-to-end tests are CPU-bound (each run is ~10 processes): two workers finished 11% sooner while every
-# end-to-end test took twice as long (docs/testing.md), too little gain for the timeouts it strains.
-workers=${RELAX_TEST_WORKERS:-0}
+# Two pytest processes side by side: the end-to-end tests (marked slow) one after another in the first,
+# the component tests in the second. An end-to-end run leaves part of the two cores idle while it waits
+# (deploys, health checks, the steps it paces, a child process's Ray starting), and the component tests
+# fill that; two end-to-end runs at once would each take twice as long (they are CPU-bound while their
+# roles start) and strain their deadlines (docs/testing.md). Each process has its own session Ray
+# cluster; their output lines are prefixed [e2e] and [unit]. One process runs where the arguments pick
+# the tests (a path, -m, -k), or with RELAX_TEST_SPLIT=0; RELAX_TEST_WORKERS=N runs N pytest-xdist
+# workers instead.
 args=()
-if [ "$workers" != 0 ]; then
-  args=(-n "$workers" --dist loadgroup)
-fi
 [ "$FULL" = 1 ] && args+=(--full)
+split=${RELAX_TEST_SPLIT:-1}
+for a in "$@"; do
+  case "$a" in -m | -k | -n | tests* | *.py*) split=0 ;; esac
+done
+workers=${RELAX_TEST_WORKERS:-0}
+if [ "$workers" != 0 ]; then
+  args+=(-n "$workers")
+  split=0
+fi
+
+run_pytest() { # NAME ARGS...: pytest, its lines prefixed with [NAME]; exit code 5 (no test) fails
+  local name=$1 rc
+  shift
+  .venv/bin/pytest "$@" 2>&1 | sed -u "s/^/[$name] /"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 5 ]; then
+    echo "[$name] pytest collected no tests: failing on purpose" >&2
+    rc=1
+  fi
+  return "$rc"
+}
 
 status=0
 set +e
-.venv/bin/pytest -ra --durations=20 "${args[@]}" "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests: failing on purpose" >&2
-  rc=1
+if [ "$split" = 1 ]; then
+  RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 -m slow "${args[@]}" "$@" &
+  e2e=$!
+  run_pytest unit -ra --durations=20 -m "not slow" "${args[@]}" "$@" &
+  unit=$!
+  wait "$e2e" || status=$?
+  wait "$unit" || status=$?
+else
+  run_pytest tests -ra --durations=20 "${args[@]}" "$@" || status=$?
 fi
-[ "$rc" -eq 0 ] || status=$rc
+set -e
 if [ "$FULL" = 1 ]; then
   # every cell of the matrix, its table rewritten in docs/faults.md; then both cluster shapes ten times
   .venv/bin/python scripts/fault_matrix.py --budget-min 100000 || status=1

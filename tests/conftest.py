@@ -24,7 +24,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# scripts/test.sh runs the end-to-end tests in a pytest process of their own (RELAX_TEST_QUEUE=e2e) beside
+# the component tests: the files whose runs mostly wait (signals and grace periods, an install, eval,
+# kills and replacements; 55-70% of two cores alone) go first, while the component tests also want
+# the cores; the learning runs, CPU-bound from start-up to their last step, come after (docs/testing.md).
+WAITING_FIRST = (
+    "tests/e2e/test_interrupt.py",
+    "tests/entrypoints/test_wheel_install.py",
+    "tests/e2e/test_eval_e2e.py",
+    "tests/ops/test_faults_e2e.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("RELAX_TEST_QUEUE") == "e2e":  # a stable sort: each file's tests stay together
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in WAITING_FIRST)
     if config.getoption("--full"):
         return
     # skipped, not deselected: the summary lists what only the full run covers

@@ -20,11 +20,11 @@ import yaml
 from tests.cluster.netns import SimulatedCluster, netns_unavailable
 
 _unavailable = netns_unavailable()
-# one simulated cluster at a time: with pytest-xdist, every test of the group runs in the same worker
+# slow: scripts/test.sh runs the slow tests one at a time, so one simulated cluster exists at a time
+# (each is a network of its own, namespaces and bridge named by its process: two could coexist)
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(_unavailable is not None, reason=_unavailable or ""),
-    pytest.mark.xdist_group("netns"),
 ]
 
 RELAX = [sys.executable, "-m", "relax.entrypoints.cli"]
