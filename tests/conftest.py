@@ -24,21 +24,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# scripts/test.sh runs the end-to-end tests in a pytest process of their own (RELAX_TEST_QUEUE=e2e) beside
-# the component tests: the files whose runs mostly wait (signals and grace periods, an install, eval,
-# kills and replacements; 55-70% of two cores alone) go first, while the component tests also want
-# the cores; the learning runs, CPU-bound from start-up to their last step, come after (docs/testing.md).
-WAITING_FIRST = (
-    "tests/e2e/test_interrupt.py",
-    "tests/entrypoints/test_wheel_install.py",
-    "tests/e2e/test_eval_e2e.py",
-    "tests/ops/test_faults_e2e.py",
-)
+# scripts/test.sh runs the suite as two pytest processes side by side (docs/testing.md), each picking its
+# tests by RELAX_TEST_QUEUE. "e2e": the end-to-end tests (marked slow) one after another, the files whose
+# runs mostly wait first (kills and replacements, eval; they overlap the component tests, which also want
+# the cores), the learning runs, CPU-bound from start-up to their last step, after. "unit": the component
+# tests, then the end-to-end files that spend most of their time waiting on a child process (signals and
+# grace periods in a `relax train` of their own, a wheel's install): beside the e2e queue's learning runs
+# they cost it less than they would in it.
+WAITING_FIRST = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
+BESIDE = ("tests/e2e/test_interrupt.py", "tests/entrypoints/test_wheel_install.py")
+
+
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
+    """Keep the tests of `queue` ("e2e" or "unit") in the order described above; deselect the rest."""
+    e2e = [item.get_closest_marker("slow") is not None and _file(item) not in BESIDE for item in items]
+    keep = [item for item, mine in zip(items, e2e, strict=True) if mine == (queue == "e2e")]
+    dropped = [item for item, mine in zip(items, e2e, strict=True) if mine != (queue == "e2e")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    if queue == "e2e":  # stable sorts: each file's tests stay together
+        keep.sort(key=lambda item: _file(item) not in WAITING_FIRST)
+    else:
+        keep.sort(key=lambda item: _file(item) in BESIDE)
+    items[:] = keep
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("RELAX_TEST_QUEUE") == "e2e":  # a stable sort: each file's tests stay together
-        items.sort(key=lambda item: item.nodeid.split("::")[0] not in WAITING_FIRST)
+    queue = os.environ.get("RELAX_TEST_QUEUE")
+    if queue in ("e2e", "unit"):
+        _queue(config, items, queue)
     if config.getoption("--full"):
         return
     # skipped, not deselected: the summary lists what only the full run covers
