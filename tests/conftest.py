@@ -25,14 +25,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # scripts/test.sh runs the suite as two pytest processes side by side (docs/testing.md), each picking its
-# tests by RELAX_TEST_QUEUE. "e2e": the end-to-end tests (marked slow) one after another, the files whose
-# runs mostly wait first (kills and replacements, eval; they overlap the component tests, which also want
-# the cores), the learning runs, CPU-bound from start-up to their last step, after. "unit": the component
-# tests, then the end-to-end files that spend most of their time waiting on a child process (signals and
-# grace periods in a `relax train` of their own, a wheel's install): beside the e2e queue's learning runs
-# they cost it less than they would in it.
+# tests by RELAX_TEST_QUEUE: "e2e" the end-to-end tests (marked slow) one after another, "unit" the rest.
+# The e2e queue starts with the files whose in-process runs mostly wait (kills and replacements, eval),
+# which overlap the component tests (they want the cores too); the runs that start a Ray cluster of their
+# own (a `relax train` child, the simulated hosts) come last, when the other queue is done: Ray gives a
+# new node 30 s to register with its GCS, and beside a learning run and the component tests one did not.
 WAITING_FIRST = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
-BESIDE = ("tests/e2e/test_interrupt.py", "tests/entrypoints/test_wheel_install.py")
+OWN_RAY_LAST = (
+    "tests/cluster/test_multi_host.py",
+    "tests/cluster/test_cluster_shapes.py",
+    "tests/e2e/test_interrupt.py",
+    "tests/e2e/test_security_e2e.py",
+    "tests/entrypoints/test_wheel_install.py",
+)
+
+
+def _e2e_rank(item: pytest.Item) -> int:
+    name = _file(item)
+    return 0 if name in WAITING_FIRST else 2 if name in OWN_RAY_LAST else 1
 
 
 def _file(item: pytest.Item) -> str:
@@ -40,16 +50,14 @@ def _file(item: pytest.Item) -> str:
 
 
 def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
-    """Keep the tests of `queue` ("e2e" or "unit") in the order described above; deselect the rest."""
-    e2e = [item.get_closest_marker("slow") is not None and _file(item) not in BESIDE for item in items]
+    """Keep the tests of `queue` ("e2e" or "unit"), in the order described above; deselect the rest."""
+    e2e = [item.get_closest_marker("slow") is not None for item in items]
     keep = [item for item, mine in zip(items, e2e, strict=True) if mine == (queue == "e2e")]
     dropped = [item for item, mine in zip(items, e2e, strict=True) if mine != (queue == "e2e")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    if queue == "e2e":  # stable sorts: each file's tests stay together
-        keep.sort(key=lambda item: _file(item) not in WAITING_FIRST)
-    else:
-        keep.sort(key=lambda item: _file(item) in BESIDE)
+    if queue == "e2e":  # a stable sort: each file's tests stay together
+        keep.sort(key=_e2e_rank)
     items[:] = keep
 
 
