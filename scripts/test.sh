@@ -53,7 +53,8 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray token auth stays on: Relax set
 bash scripts/docs.sh  # the docs site builds with no warning (broken links fail)
 
 # Two pytest processes side by side: the end-to-end tests (marked slow) one after another in the first,
-# the component tests in the second (tests/conftest.py picks each queue's tests by RELAX_TEST_QUEUE). An end-to-end run leaves part of the two cores idle while it waits
+# the component tests and then a few end-to-end files in the second (tests/conftest.py picks each queue's
+# tests by RELAX_TEST_QUEUE). An end-to-end run leaves part of the two cores idle while it waits
 # (deploys, health checks, the steps it paces, a child process's Ray starting), and the component tests
 # fill that; two end-to-end runs at once would each take twice as long (they are CPU-bound while their
 # roles start) and strain their deadlines (docs/testing.md). Each process has its own session Ray
@@ -89,10 +90,19 @@ set +e
 if [ "$split" = 1 ]; then
   RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 "${args[@]}" "$@" &
   e2e=$!
-  RELAX_TEST_QUEUE=unit run_pytest unit -ra --durations=20 "${args[@]}" "$@" &
+  # the e2e queue's own-Ray runs wait for this file (tests/conftest.py)
+  export RELAX_TEST_UNIT_DONE
+  RELAX_TEST_UNIT_DONE=$(mktemp -u "${TMPDIR:-/tmp}/relax-unit-done.XXXXXX")
+  (
+    RELAX_TEST_QUEUE=unit run_pytest unit -ra --durations=20 "${args[@]}" "$@"
+    rc=$?
+    touch "$RELAX_TEST_UNIT_DONE"
+    exit "$rc"
+  ) &
   unit=$!
   wait "$e2e" || status=$?
   wait "$unit" || status=$?
+  rm -f "$RELAX_TEST_UNIT_DONE"
 else
   run_pytest tests -ra --durations=20 "${args[@]}" "$@" || status=$?
 fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # scripts/test.sh runs the suite as two pytest processes side by side (docs/testing.md), each picking its
-# tests by RELAX_TEST_QUEUE: "e2e" the end-to-end tests (marked slow) one after another, "unit" the rest.
-# The e2e queue starts with the files whose in-process runs mostly wait (kills and replacements, eval),
-# which overlap the component tests (they want the cores too); the runs that start a Ray cluster of their
-# own (a `relax train` child, the simulated hosts) come last, when the other queue is done: Ray gives a
-# new node 30 s to register with its GCS, and beside a learning run and the component tests one did not.
+# tests by RELAX_TEST_QUEUE: "e2e" the end-to-end tests (marked slow) one after another, "unit" the
+# component tests, then the end-to-end files of UNIT_TAIL, so that both queues end their shared part
+# at about the same time. The e2e queue starts with the files whose in-process runs mostly wait (kills and
+# replacements, eval), which overlap the component tests (they want the cores too); the runs that start a
+# Ray cluster of their own (a `relax train` child, the simulated hosts) come last and wait until the unit
+# queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it ends): Ray gives a new node
+# 30 s to register with its GCS, and beside a learning run and the component tests one did not.
 WAITING_FIRST = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
+UNIT_TAIL = ("tests/e2e/test_modes_e2e.py", "tests/e2e/test_train_e2e.py")
 OWN_RAY_LAST = (
     "tests/cluster/test_multi_host.py",
     "tests/cluster/test_cluster_shapes.py",
@@ -38,6 +42,7 @@ OWN_RAY_LAST = (
     "tests/e2e/test_security_e2e.py",
     "tests/entrypoints/test_wheel_install.py",
 )
+UNIT_DONE_WAIT_S = 1800  # the unit queue takes ~10 minutes; a crashed one is waited for no longer
 
 
 def _e2e_rank(item: pytest.Item) -> int:
@@ -49,16 +54,42 @@ def _file(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
+def _in_e2e_queue(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None and _file(item) not in UNIT_TAIL
+
+
 def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
     """Keep the tests of `queue` ("e2e" or "unit"), in the order described above; deselect the rest."""
-    e2e = [item.get_closest_marker("slow") is not None for item in items]
+    e2e = [_in_e2e_queue(item) for item in items]
     keep = [item for item, mine in zip(items, e2e, strict=True) if mine == (queue == "e2e")]
     dropped = [item for item, mine in zip(items, e2e, strict=True) if mine != (queue == "e2e")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    if queue == "e2e":  # a stable sort: each file's tests stay together
+    if queue == "e2e":  # stable sorts: each file's tests stay together
         keep.sort(key=_e2e_rank)
+    else:
+        keep.sort(key=lambda item: _file(item) in UNIT_TAIL)
     items[:] = keep
+
+
+_unit_queue_waited = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the e2e queue's first own-Ray run, wait for the unit queue to end (see above)."""
+    global _unit_queue_waited
+    done = os.environ.get("RELAX_TEST_UNIT_DONE")
+    if _unit_queue_waited or not done or _file(item) not in OWN_RAY_LAST:
+        return
+    _unit_queue_waited = True
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    start = time.monotonic()
+    while not Path(done).exists() and time.monotonic() - start < UNIT_DONE_WAIT_S:
+        time.sleep(1.0)
+    if reporter is not None:
+        waited = time.monotonic() - start
+        ended = "ended" if Path(done).exists() else f"not ended after {UNIT_DONE_WAIT_S} s; going on"
+        reporter.write_line(f"waited {waited:.0f} s for the unit queue ({ended})")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
