@@ -54,7 +54,9 @@ def run_sessions(engine: EmbeddedEngine, args: argparse.Namespace, vocab: int) -
     return {"seconds": time.perf_counter() - t0, "generated": generated, "turn_s": turn_s}
 
 
-def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) -> dict:
+def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool, packed: bool = True) -> dict:
+    """Time the workload with the prefix cache on or off; `packed=False` turns the packed prefill past
+    cached prefixes off (the masked path instead: `packed_prefill.py`)."""
     engine = EmbeddedEngine(
         str(model_dir),
         device=args.device,
@@ -64,7 +66,9 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) ->
         seed=0,
         enable_prefix_cache=cache,
         chunked_prefill_size=args.chunked_prefill_size,
-    ).start()
+    )
+    engine.runner.packed_prefill = engine.runner.packed_prefill and packed
+    engine.start()
     timeline = None
     if args.timeline:
         from engine import StepTimeline  # benchmarks/engine.py, beside this script
@@ -79,7 +83,7 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) ->
             t_pass = time.perf_counter()
             engine.flush_cache()
             s = engine.scheduler
-            computed, submitted = s.prefill_computed, s.prefill_submitted
+            computed, submitted, preempted = s.prefill_computed, s.prefill_submitted, s.preempted
             hits, lookups = (s.prefix.hit_tokens, s.prefix.lookup_tokens) if s.prefix else (0, 0)
             r = run_sessions(engine, args, vocab)
             times.append(r["seconds"])
@@ -89,6 +93,7 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool) ->
         r["seconds"] = statistics.median(times)  # the counts are the same in every pass
         r["prefill_computed"] = s.prefill_computed - computed
         r["prefill_submitted"] = s.prefill_submitted - submitted
+        r["preempted"] = s.preempted - preempted
         if s.prefix is not None:
             r["hit_rate"] = (s.prefix.hit_tokens - hits) / max(s.prefix.lookup_tokens - lookups, 1)
     finally:
@@ -120,6 +125,11 @@ def main() -> None:
         help="Prefill tokens a step (-1: off; default: the engine's).",
     )
     ap.add_argument("--timeline", action="store_true", help="Log where the last timed pass spends time.")
+    ap.add_argument(
+        "--also-masked",
+        action="store_true",
+        help="Also time the cache on with the masked prefill past cached prefixes (the packed one's baseline).",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
@@ -133,6 +143,9 @@ def main() -> None:
         logger.info("prefix cache off: %s", off)
         on = bench(model_dir, args, vocab, cache=True)
         logger.info("prefix cache on:  %s", on)
+        masked = bench(model_dir, args, vocab, cache=True, packed=False) if args.also_masked else None
+        if masked is not None:
+            logger.info("prefix cache on, masked prefill: %s", masked)
         steps, context = [], args.system_len + args.user_len
         for _turn in range(args.turns):  # every session decodes its turn together
             steps += [(args.sessions, args.sessions * (context + t + 1)) for t in range(args.turn_tokens)]
@@ -146,6 +159,7 @@ def main() -> None:
         "off": off,
         "on": on,
         "speedup": round(on["tok_s"] / off["tok_s"], 3),
+        **({"masked": masked, "speedup_masked": round(masked["tok_s"] / off["tok_s"], 3)} if masked else {}),
         "prefill_saved": round(1 - on["prefill_computed"] / max(on["prefill_submitted"], 1), 3),
         **(bound if args.preset != "tiny" else {}),
     }

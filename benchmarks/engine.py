@@ -96,17 +96,30 @@ def decode_bound(model_dir: Path, dtype: str, steps: list[tuple[int, int]]) -> t
     return bw_s, flop_s
 
 
+# HBM bandwidth of the card measured on, by name, where it is not the H200 the roofline's basis is: the
+# H100 SXM's datasheet 3.35 TB/s (its dense bf16 is the H200's 989 TFLOP/s)
+CARD_HBM_BYTES_S = {"H100 80GB HBM3": 3.35e12}
+
+
 def roofline(model_dir: Path, dtype: str, steps: list[tuple[int, int]], tokens: int, seconds: float) -> dict:
-    """The roofline of a workload's decode steps (`decode_bound`; prefill left out) against its time."""
+    """The roofline of a workload's decode steps (`decode_bound`; prefill left out) against its time, on
+    the H200 basis; on a card of `CARD_HBM_BYTES_S` also against that card's own bandwidth."""
     bw_s, flop_s = decode_bound(model_dir, dtype, steps)
     bound = max(bw_s, flop_s)
-    return {
+    out = {
         "roofline": "decode steps only; H200 datasheet: 4.8 TB/s HBM, 989 TFLOP/s dense bf16",
         "roofline_bandwidth_s": round(bw_s, 3),
         "roofline_flops_s": round(flop_s, 3),
         "roofline_tok_s": round(tokens / bound, 1),
         "roofline_pct": round(100 * bound / seconds, 1),
     }
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    for name, hbm in CARD_HBM_BYTES_S.items():
+        if name in card:
+            card_bound = max(bw_s * HBM_BYTES_S / hbm, flop_s)
+            out["card"] = f"{card}: {hbm / 1e12} TB/s datasheet HBM"
+            out["card_roofline_pct"] = round(100 * card_bound / seconds, 1)
+    return out
 
 
 def sync(device: str) -> None:
@@ -172,11 +185,13 @@ class StepTimeline:
         self.scheduler, self.inner, self.steps = scheduler, scheduler.step, []
         self.recording = False
         scheduler.step = self.step
-        self.spent = {"prefill_s": 0.0, "capture_s": 0.0, "gc_s": 0.0}  # gc: the whole pass, any thread
+        # prefill_after: past cached prefixes; gc: the whole pass, any thread
+        self.spent = {"prefill_s": 0.0, "prefill_after_s": 0.0, "capture_s": 0.0, "gc_s": 0.0}
         self._gc_started = 0.0
         gc.callbacks.append(self._gc)
         runner = scheduler.runner
         runner.prefill = self._timed(runner.prefill, "prefill_s", runner.device)
+        runner.prefill_after = self._timed(runner.prefill_after, "prefill_after_s", runner.device)
         if runner.graphs is not None:
             runner.graphs._capture = self._timed(runner.graphs._capture, "capture_s", runner.device)
 

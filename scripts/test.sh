@@ -88,11 +88,11 @@ run_pytest() { # NAME ARGS...: pytest, its lines prefixed with [NAME]; exit code
 status=0
 set +e
 if [ "$split" = 1 ]; then
-  RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 "${args[@]}" "$@" &
-  e2e=$!
-  # the e2e queue's own-Ray runs wait for this file (tests/conftest.py)
+  # the e2e queue's own-Ray runs wait for this file, which the unit queue leaves when it ends
   export RELAX_TEST_UNIT_DONE
   RELAX_TEST_UNIT_DONE=$(mktemp -u "${TMPDIR:-/tmp}/relax-unit-done.XXXXXX")
+  RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 "${args[@]}" "$@" &
+  e2e=$!
   (
     RELAX_TEST_QUEUE=unit run_pytest unit -ra --durations=20 "${args[@]}" "$@"
     rc=$?

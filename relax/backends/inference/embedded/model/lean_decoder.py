@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relax.backends.inference.embedded.model import decode_attention
+from relax.backends.inference.embedded.model import decode_attention, packed_prefill
 from relax.backends.inference.embedded.model.attention_step import attention_step
+from relax.backends.inference.embedded.model.packed_prefill import PackedPrefill
 from relax.backends.inference.embedded.model.prefill_rope import rope_prefill
 from relax.backends.inference.embedded.model.silu_mul import silu_mul
 
@@ -76,6 +77,11 @@ def _rotary(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     D = x.shape[-1]
     swapped = x.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2)
     return torch.addcmul(x * cos, swapped, sin_signed)
+
+
+def _columns(mask: Tensor | PackedPrefill) -> int:
+    """The most cache columns a row attends under `mask`."""
+    return mask.columns if isinstance(mask, PackedPrefill) else mask.shape[-1]
 
 
 def _attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -204,7 +210,7 @@ class LeanDecoder:
     def __call__(
         self,
         ids_NT: Tensor,
-        mask: Tensor | None,
+        mask: Tensor | PackedPrefill | None,
         pos_NT: Tensor,
         cache: Any,
         lengths_N: Tensor | None = None,
@@ -219,11 +225,11 @@ class LeanDecoder:
         real token (its keys all precede it; padding only ever follows), lets SDPA use the flash kernel (an
         explicit mask with grouped-query heads fell back to the math kernel, half of a prefill's GPU time),
         and the padding's outputs and cache columns are never read (a decode step writes a column before any
-        row attends to it)."""
+        row attends to it). A `PackedPrefill` is a prefill past cached prefixes (`packed_prefill.py`)."""
         N, T = ids_NT.shape
         Hq, Hk, D = self.heads, self.kv_heads, self.head_dim
         h = F.embedding(ids_NT, self.body.embed_tokens.weight)
-        length = max(rope_len, T if mask is None else mask.shape[-1])
+        length = max(rope_len, T if mask is None else _columns(mask))
         cos, sin_signed = self._cos_sin(h, pos_NT, length)  # [N, T, 1, D]
         qkv_split = [(Hq + Hk) * D, Hk * D]
         triton_step = T == 1 and lengths_N is not None
@@ -259,7 +265,7 @@ class LeanDecoder:
         v: Tensor,
         cos: Tensor,
         sin_signed: Tensor,
-        mask: Tensor | None,
+        mask: Tensor | PackedPrefill | None,
         cache: Any,
         layer: int,
     ) -> Tensor:
@@ -277,6 +283,8 @@ class LeanDecoder:
             qk = _rotary(qk, cos, sin_signed)  # [N, T, Hq + Hk, D], contiguous
             q, k = qk.split([Hq, Hk], dim=2)
             k_all, v_all = cache.update(k.transpose(1, 2), v.transpose(1, 2), layer)  # [N, Hk, K, D]
+        if isinstance(mask, PackedPrefill):  # past cached prefixes, as one variable-length flash call
+            return packed_prefill.attend(q, k_all, v_all, mask, scale)
         if T == 1 and mask is not None:  # decode: query heads grouped under their kv head (a view)
             return _attend_one(q.reshape(N, Hk, Hq // Hk, D), k_all, v_all, mask, scale).reshape(N, Hq * D)
         # a prefill of right-padded prompts: causal when there is no mask (see `__call__`)

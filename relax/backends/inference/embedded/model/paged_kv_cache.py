@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from relax.backends.inference.embedded.model.packed_prefill import PackedPrefill
+
 logger = logging.getLogger(__name__)
 
 BLOCK = 16  # tokens per block (a power of two): the prefix cache's granularity too (docs/engines.md)
@@ -94,6 +96,7 @@ class PagedKVCache:
         self._cols: Tensor | None = None
         self._prefill = False
         self._step_where: tuple[Tensor, Tensor] | None = None
+        self._packed_where: tuple[Tensor, Tensor] | None = None  # block, offset of a packed prefill's columns
         self._mirror = _Mirror() if device.type == "cpu" else None
         self._mirror_rows = 0  # decode rows 0..B-1 attend over the mirror's rows 0..B-1 (0: rows_B given)
 
@@ -327,12 +330,22 @@ class PagedKVCache:
         self.table[idx, :W] = vals
 
     # -- what the next forward writes ------------------------------------------------------------
-    def for_prefill(self, rows: Tensor, cols_NT: Tensor | None = None, length: int = 0) -> PagedKVCache:
+    def for_prefill(
+        self,
+        rows: Tensor,
+        cols_NT: Tensor | None = None,
+        length: int = 0,
+        packed: PackedPrefill | None = None,
+    ) -> PagedKVCache:
         """The next forward is a prefill of len(rows) right-padded prompts into table rows `rows`. With
         `cols_NT`, the prompts continue prefixes their rows hold already: token t of prompt n goes to
-        column cols_NT[n, t], and attention sees the row's first `length` columns."""
+        column cols_NT[n, t], and attention sees the row's first `length` columns, padded to `length` per
+        row, or with `packed` each row's own columns one after another ([sum K_u, H_kv, D])."""
         self.sync()
         self._prefill, self._rows_t, self._cols, self._length = True, rows, cols_NT, length
+        self._packed_where = None
+        if packed is not None:
+            self._packed_where = self._where(rows[packed.k_rows], packed.k_cols[:, None])
         return self
 
     def for_decode(self, pos_B: Tensor, length: int, rows_B: Tensor | None = None) -> PagedKVCache:
@@ -394,6 +407,9 @@ class PagedKVCache:
             v_buf[blk, :, off] = value_states.transpose(1, 2)
             if self._cols is None:
                 return key_states, value_states  # the prompt attends to itself only
+            if self._packed_where is not None:
+                blk, off = self._packed_where
+                return k_buf[blk[:, 0], :, off[:, 0]], v_buf[blk[:, 0], :, off[:, 0]]  # [sum K, H_kv, D]
             return self._gather(k_buf, rows, self._length), self._gather(v_buf, rows, self._length)
         if self._step_where is None:  # the same for every layer of the step
             blk, off = self._where(rows, self._pos_B[:, None])

@@ -35,6 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 from transformers import AutoTokenizer
 
+from relax.backends.inference.embedded.model import packed_prefill
 from relax.backends.inference.embedded.model.cuda_graphs import DecodeGraphs
 from relax.backends.inference.embedded.model.lean_decoder import LeanDecoder
 from relax.backends.inference.embedded.model.paged_kv_cache import PagedKVCache
@@ -120,6 +121,8 @@ class ModelRunner:
         # one prompt past its cached columns attends with a causal mask aligned to the bottom right, never
         # materialised (`prefill_after`); on the CPU, where SDPA would only materialise it, a dense mask
         self.lower_right = self.device.type == "cuda"
+        # suffixes past cached prefixes as one variable-length flash call per layer (`packed_prefill.py`)
+        self.packed_prefill = self.lean is not None and packed_prefill.available(self.device, self.dtype)
         # rotary positions reach at most this far past a row's cache column: the largest rope delta seen,
         # rounded up to `ROPE_MARGIN_STEP` (0 for text models; a media prompt's delta is mostly negative)
         self.rope_margin = 0
@@ -206,7 +209,9 @@ class ModelRunner:
         prefix-cache hit, earlier chunks): suffix u goes to columns starts[u].. and attends over the row's
         columns before it and causally over itself. Returns the logits of each suffix's last token [U, V].
 
-        It takes the masked attention path (the slot's earlier columns are keys the suffix did not
+        With `packed_prefill` (the lean decoder on CUDA in 16 bits) the suffixes attend through one
+        variable-length flash call per layer over exactly their rows' columns. Otherwise it takes the
+        masked attention path (the slot's earlier columns are keys the suffix did not
         compute), not the plain causal prefill of `prefill`. A lone suffix of the lean decoder (a chunk of
         a chunked prefill, one prefix-cache hit) on CUDA attends by the causal mask aligned to the bottom
         right over exactly its slot's columns: SDPA's flash kernel, where a dense mask of T x K (a 256 MiB
@@ -218,7 +223,11 @@ class ModelRunner:
         start_U = torch.tensor(starts, device=self.device)
         lens_U = torch.tensor([len(p) for p in suffixes], device=self.device)
         pos_UT = start_U[:, None] + torch.arange(T, device=self.device)[None, :]  # cache column = position
-        if U == 1 and T > 1 and self.lean is not None and self.lower_right:
+        packed = None
+        if self.packed_prefill and T > 1:
+            packed = mask = packed_prefill.plan(starts, [len(p) for p in suffixes], T, self.device)
+            K = packed.max_k
+        elif U == 1 and T > 1 and self.lean is not None and self.lower_right:
             K = starts[0] + T  # no padding: query t sees columns 0..starts[0] + t
             mask = causal_lower_right(T, K)
         else:
@@ -226,7 +235,7 @@ class ModelRunner:
             col_K = torch.arange(K, device=self.device)
             mask = self._mask(col_K[None, None, :] <= pos_UT[:, :, None])  # [U, 1, T, K]; padding sees 0..
         rows = torch.tensor(slots, device=self.device)
-        cache = self.cache.for_prefill(rows, pos_UT, K)
+        cache = self.cache.for_prefill(rows, pos_UT, K, packed)
         h = self._hidden(ids.to(self.device), mask, pos_UT, cache)
         last_UH = h[torch.arange(U, device=self.device), lens_U - 1]
         return self._logits(last_UH)

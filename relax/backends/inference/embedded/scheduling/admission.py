@@ -12,7 +12,8 @@ and asked for.
 Admission is bounded by `max_running` sequences, by the KV blocks (`max_total_tokens`): a prompt is
 admitted when its blocks fit with one spare block per running row, nothing is reserved for tokens not yet
 generated, and by `max_prefill_tokens` (padded tokens of one prefill, so a burst of long prompts does not
-stall decoding for long). A lone request is always admitted. A decode step first gives every row the
+stall decoding for long; with the packed prefill of `packed_prefill.py`, tokens past the cached prefix,
+and the columns gathered at most `PACKED_COLUMNS` times that). A lone request is always admitted. A decode step first gives every row the
 block its next token goes to (`_ensure_blocks`); when the pool is out of blocks, the most recently
 admitted row is preempted: its blocks are freed (its full blocks cached first) and it goes back to the
 front of the queue with its output so far, to be prefilled again (prompt + output) when blocks are free,
@@ -38,6 +39,9 @@ from relax.backends.inference.embedded.scheduling.kv_blocks import BlockRows
 from relax.backends.inference.embedded.scheduling.logit_rows import LogitRows
 from relax.backends.inference.embedded.scheduling.sequence import Sequence
 
+# a packed prefill gathers each prompt's cached columns too: at most this many times the token budget
+PACKED_COLUMNS = 16
+
 
 class Admission(BlockRows):
     def _plan(self) -> tuple[list[list[Sequence]], int]:
@@ -53,13 +57,18 @@ class Admission(BlockRows):
         # cached prefixes included, so capping it at a chunk admitted one prefix-cache hit a step (the
         # agent-turn benchmark lost a quarter of its throughput). The chunk bounds one long prompt's work.
         budget = self.max_prefill_tokens
+        packed = self.runner.packed_prefill and self.prefix is not None
+        columns = 0  # a packed prefill's attended columns (`packed_prefill.py` gathers them)
         for entry in self.waiting:
             unit = [s for s in entry if s.finish is None]
             if not unit:
                 used += 1
                 continue
             need = self._blocks_needed(unit)
-            length = max(longest, len(unit[0].prefill_ids()))
+            # a packed prefill computes each prompt past its cached prefix, padded to the longest such
+            # suffix; the masked and plain ones pad every prompt to the longest prompt
+            full = len(unit[0].prefill_ids())
+            length = max(longest, self._to_compute(unit[0]) if packed else full)
             long = chunk > 0 and self._to_compute(unit[0]) > chunk  # prefilled in chunks, alone
             if units or self.running or self.inflight:  # else a lone request is always admitted
                 # one spare block per row after it: the rows' next tokens
@@ -70,11 +79,13 @@ class Admission(BlockRows):
                 # with chunking the first unit computes at most a chunk a step, whatever its length
                 if (units or not chunk) and (len(units) + 1) * length > budget:
                     break
+                if units and packed and columns + full > PACKED_COLUMNS * budget:
+                    break
             used += 1
             units.append(unit)
             if long:
                 break
-            rows, avail, longest = rows + len(unit), avail - need, length
+            rows, avail, longest, columns = rows + len(unit), avail - need, length, columns + full
         return units, used
 
     def _to_compute(self, seq: Sequence) -> int:
