@@ -238,3 +238,28 @@ def test_eviction_takes_least_recent_leaves_and_keeps_parents_of_cached_blocks()
     assert kv.used_blocks() == 2  # the row keeps them
     kv.free_row(2)
     assert kv.used_blocks() == 0 and kv.cache_only == 0
+
+
+def test_evicting_long_chains_takes_one_heap_step_per_block(monkeypatch):
+    """Agent histories are long chains: freeing one must not rescan the cache once per block."""
+    import heapq
+
+    from relax.backends.inference.embedded.scheduling import prefix_cache
+
+    n_chains, length = 8, 64  # blocks each
+    kv = PagedKVCache(1, 1, 2, torch.float32, torch.device("cpu"), max_context=length * BLOCK,
+                      max_tokens=(n_chains + 1) * length * BLOCK)  # fmt: skip
+    cache = PrefixCache(kv)
+    chains = [[c * 10_000 + t for t in range(length * BLOCK)] for c in range(n_chains)]
+    for row, tokens in enumerate(chains):
+        kv.extend(row, len(tokens))
+        assert cache.insert(tokens, kv.rows[row]) == length
+    for row in range(1, n_chains):  # every chain but the first is still held by its row
+        cache.match(chains[row], len(chains[row]))
+    kv.free_row(0)
+    pops, real_pop = [], heapq.heappop
+    monkeypatch.setattr(prefix_cache.heapq, "heappop", lambda h: pops.append(1) or real_pop(h))
+    assert cache.evict(length) == length  # the first chain, leaf to root
+    assert cache.match(chains[0], len(chains[0])) == [] and cache.tokens == (n_chains - 1) * length * BLOCK
+    # each block of the chain, and each held leaf looked at once per step at most: not once per block
+    assert len(pops) <= length + n_chains * 2, len(pops)
