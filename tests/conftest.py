@@ -86,10 +86,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     start = time.monotonic()
     while not Path(done).exists() and time.monotonic() - start < UNIT_DONE_WAIT_S:
         time.sleep(1.0)
-    if reporter is not None:
+    capture = item.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:  # the test's setup is captured: write around it
         waited = time.monotonic() - start
         ended = "ended" if Path(done).exists() else f"not ended after {UNIT_DONE_WAIT_S} s; going on"
-        reporter.write_line(f"waited {waited:.0f} s for the unit queue ({ended})")
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"waited {waited:.0f} s for the unit queue ({ended})")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

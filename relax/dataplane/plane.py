@@ -251,6 +251,17 @@ class RowWriter:
 ACTOR_NAME, NAMESPACE = "relax_data_plane", "relax"
 
 
+class _PlaneActor(LocalDataPlane):
+    """The plane's Ray actor: its log lines (a `get` still waiting, with the partition's status) go where
+    the roles' go (`setup_logging`); unconfigured, Python drops INFO."""
+
+    def __init__(self) -> None:
+        from relax.utils.logging import setup_logging
+
+        setup_logging()
+        super().__init__()
+
+
 class RayDataPlane:
     """A `LocalDataPlane` inside one named async Ray actor; every role holds this thin client."""
 
@@ -261,7 +272,7 @@ class RayDataPlane:
     def create(cls) -> RayDataPlane:
         import ray
 
-        remote = ray.remote(num_cpus=0, max_concurrency=1000)(LocalDataPlane)
+        remote = ray.remote(num_cpus=0, max_concurrency=1000)(_PlaneActor)
         actor = remote.options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True).remote()
         return cls(actor)
 
