@@ -53,8 +53,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray token auth stays on: Relax set
 bash scripts/docs.sh  # the docs site builds with no warning (broken links fail)
 
 # Two pytest processes side by side: the end-to-end tests (marked slow) one after another in the first,
-# the component tests and then a few end-to-end files in the second (tests/conftest.py picks each queue's
-# tests by RELAX_TEST_QUEUE). An end-to-end run leaves part of the two cores idle while it waits
+# the component tests in the second (tests/conftest.py picks each queue's tests by RELAX_TEST_QUEUE). An end-to-end run leaves part of the two cores idle while it waits
 # (deploys, health checks, the steps it paces, a child process's Ray starting), and the component tests
 # fill that; two end-to-end runs at once would each take twice as long (they are CPU-bound while their
 # roles start) and strain their deadlines (docs/testing.md). Each process has its own session Ray

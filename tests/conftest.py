@@ -27,14 +27,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # scripts/test.sh runs the suite as two pytest processes side by side (docs/testing.md), each picking its
 # tests by RELAX_TEST_QUEUE: "e2e" the end-to-end tests (marked slow) one after another, "unit" the
-# component tests, then the end-to-end files of UNIT_TAIL, so that both queues end their shared part
-# at about the same time. The e2e queue starts with the files whose in-process runs mostly wait (kills and
+# component tests. (End-to-end files at the end of the unit queue, beside the e2e queue's learning runs,
+# gained nothing: two learning runs at once each took about twice as long; docs/testing.md.) The e2e
+# queue starts with the files whose in-process runs mostly wait (kills and
 # replacements, eval), which overlap the component tests (they want the cores too); the runs that start a
 # Ray cluster of their own (a `relax train` child, the simulated hosts) come last and wait until the unit
 # queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it ends): Ray gives a new node
 # 30 s to register with its GCS, and beside a learning run and the component tests one did not.
 WAITING_FIRST = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
-UNIT_TAIL = ("tests/e2e/test_modes_e2e.py", "tests/e2e/test_train_e2e.py")
 OWN_RAY_LAST = (
     "tests/cluster/test_multi_host.py",
     "tests/cluster/test_cluster_shapes.py",
@@ -55,7 +55,7 @@ def _file(item: pytest.Item) -> str:
 
 
 def _in_e2e_queue(item: pytest.Item) -> bool:
-    return item.get_closest_marker("slow") is not None and _file(item) not in UNIT_TAIL
+    return item.get_closest_marker("slow") is not None
 
 
 def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
@@ -65,10 +65,8 @@ def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
     dropped = [item for item, mine in zip(items, e2e, strict=True) if mine != (queue == "e2e")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    if queue == "e2e":  # stable sorts: each file's tests stay together
+    if queue == "e2e":  # a stable sort: each file's tests stay together
         keep.sort(key=_e2e_rank)
-    else:
-        keep.sort(key=lambda item: _file(item) in UNIT_TAIL)
     items[:] = keep
 
 
