@@ -102,6 +102,20 @@ def write_model(out: Path, tiny: bool) -> Path:
     return out
 
 
+def _gap_stats(gaps: list[torch.Tensor]) -> dict | None:
+    """Mean, 99th percentile and max of the engine-vs-trainer log-prob gaps, and how many tokens."""
+    if not gaps:
+        return None
+    g = torch.cat(gaps).float()
+    q = float(torch.quantile(g, 0.99)) if g.numel() <= 16_000_000 else float("nan")
+    return {
+        "mean": round(float(g.mean()), 5),
+        "p99": round(q, 4),
+        "max": round(float(g.max()), 4),
+        "n": g.numel(),
+    }
+
+
 def _mean(xs: list[float]) -> float | None:
     """The mean to 3 decimals, None for no values (`--gen-only` has no train or sync times)."""
     return round(statistics.fmean(xs), 3) if xs else None
@@ -218,6 +232,8 @@ def main() -> None:
     loss_fn = make_policy_loss(AlgorithmConfig())
     params = {"n": args.n, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "ignore_eos": True}
     step_s, gen_s, train_s, sync_s, gen_tokens, diffs = [], [], [], [], [], []
+    first_gap: list[float] = []
+    later_gap: list[torch.Tensor] = []
     for step in range(args.steps):
         t_step = time.perf_counter()
         items = [
@@ -280,12 +296,12 @@ def main() -> None:
         metrics = merge_partials([partials])
         if not args.separate_forward:
             batch.old_log_probs = gather_rows(N, [(list(range(N)), partials[0]["old_log_probs"])])
-        diffs.append(
-            max(
-                float((o - torch.tensor(lp)).abs().max())
-                for o, lp in zip(batch.old_log_probs, lps, strict=True)
-            )
-        )
+        gap = [(o - torch.tensor(lp)).abs() for o, lp in zip(batch.old_log_probs, lps, strict=True)]
+        diffs.append(max(float(d.max()) for d in gap))
+        # the first response token comes from the engine's prefill (the transformers forward, with the
+        # vision tower), the others from its decode steps: where the two sides part is told by which
+        first_gap.append(max(float(d[0]) for d in gap))
+        later_gap += [d[1:] for d in gap]
         if cuda:
             torch.cuda.synchronize()
         train_s.append(time.perf_counter() - t)
@@ -332,6 +348,8 @@ def main() -> None:
         "separate_forward": args.separate_forward,
         "compile": args.compile,
         "engine_trainer_logp_max_diff": round(max(diffs), 4) if diffs else None,
+        "logp_gap_first_token_max": round(max(first_gap), 4) if first_gap else None,
+        "logp_gap_later_tokens": _gap_stats(later_gap),
         "model_write_s": round(write_s, 1),
     }
     print(json.dumps(out))
