@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.utils.gc_freeze import freeze_startup_objects
 
 logger = logging.getLogger("benchmarks.agent_turns")
 
@@ -78,6 +79,7 @@ def bench(model_dir: Path, args: argparse.Namespace, vocab: int, cache: bool, pa
     )
     engine.runner.packed_prefill = engine.runner.packed_prefill and packed
     engine.start()
+    freeze_startup_objects()  # as a serving process does (relax engine serve, the engine's Ray actor)
     timeline = None
     if args.timeline:
         from engine import StepTimeline  # benchmarks/engine.py, beside this script
