@@ -4,8 +4,8 @@ window.
 The towers attend within windows (Qwen2.5-VL: 112 x 112-pixel windows in most blocks, each image whole in
 the rest), packed one after the other and delimited by `cu_seqlens`. Without the flash-attention package,
 `transformers` runs that as one SDPA call per window: a 448 x 448 image is 16 windows, so eight images
-make 128 calls in each of 28 window blocks. On a GPU each call is a tiny kernel behind ~50 us of Python,
-which made most of a VL prefill's time (docs/multimodal.md). Here consecutive windows of the same length
+make 128 calls in each of 28 window blocks. On a GPU each call is a tiny kernel behind far more Python
+than GPU work, which made most of a VL prefill's time (measured in docs/multimodal.md). Here consecutive windows of the same length
 (all the full windows of an image grid; the edge ones differ) are one [windows, heads, length, head size]
 SDPA call: the same softmax(q k^T * scale) v per window, a handful of calls per block.
 

@@ -35,8 +35,8 @@ WARPS = 2
 STAGES = 3
 TARGET_PROGRAMS = 264  # about two per SM of an H200 (132 SMs)
 # A split shorter than this spends more on its prologue (loading and rotating the query) and on the merge
-# kernel than its parallelism wins back: 64 rows of Qwen2.5-VL-3B over 384 columns took 19.3 us in 6
-# splits of one tile, 11.5 us in one (`decode_kernels.py --step-sweep`, docs/measurements.md)
+# kernel than its parallelism wins back (`decode_kernels.py --step-sweep`; the figures in
+# docs/measurements.md)
 MIN_SPLIT_COLUMNS = 512
 DTYPES = (torch.bfloat16, torch.float16)
 
