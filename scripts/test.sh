@@ -93,10 +93,6 @@ if [ "$split" = 1 ]; then
   RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 "${args[@]}" "$@" &
   e2e=$!
   (
-    # at the lowest CPU priority (it and every process it starts, its Ray cluster included): the
-    # component tests take the cores the end-to-end runs leave idle instead of stretching those runs
-    # (beside them at equal priority, the first e2e tests took 1.3-2x their time alone; docs/testing.md)
-    renice -n 19 -p "$BASHPID" >/dev/null 2>&1 || true
     RELAX_TEST_QUEUE=unit run_pytest unit -ra --durations=20 "${args[@]}" "$@"
     rc=$?
     touch "$RELAX_TEST_UNIT_DONE"
