@@ -3,6 +3,11 @@
 
 * `HeartbeatBoard` is a named Ray actor (no CPU reserved). Ages are measured on the board's own clock,
   so the clocks of other processes do not matter.
+* A sender inside a Ray actor hands the board its actor handle with its first beat. A beat that is late
+  (`snapshot(probe_after_s)`) is not yet a failure: a busy process beats late. But the board then asks
+  Ray whether the sender's actor is alive (a ping to it), and a dead one is reported at once (`dead`),
+  so a killed role is found within a few heartbeat intervals rather than after
+  `ops.heartbeat_timeout_s`, and before Serve starts a replica in its place.
 * `Heartbeat` is the sender: a daemon thread inside the service's process. A new incarnation id per
   process tells the reader that a replica was replaced (by Serve or by us) and lost its state.
 * `with_heartbeat(cls, name, interval_s)` makes a role class beat from its constructor on, so the role
@@ -24,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 BOARD_NAME, NAMESPACE = "relax_heartbeats", "relax"
 FIRST_BEAT_S = 10.0  # the longest a role's constructor waits for the board to take its first beat
+PING_WAIT_S = 0.3  # the longest a snapshot waits for the pings it sent to late senders
 
 
 class HeartbeatBoard:
@@ -31,8 +37,19 @@ class HeartbeatBoard:
 
     def __init__(self) -> None:
         self.beats: dict[str, dict[str, Any]] = {}
+        self.actors: dict[tuple[str, str], Any] = {}  # (name, incarnation) -> the sender's actor handle
+        self.pings: dict[tuple[str, str], Any] = {}  # (name, incarnation) -> a ping not answered yet
+        self.dead: set[tuple[str, str]] = set()  # senders whose actor Ray reported dead
 
-    def beat(self, name: str, incarnation: str, pid: int, info: dict | None = None) -> None:
+    def beat(
+        self, name: str, incarnation: str, pid: int, info: dict | None = None, actor: Any = None
+    ) -> None:
+        """`actor`: the sender's own actor handle (its first beat; None outside an actor)."""
+        old = self.beats.get(name)
+        if old is not None and old["incarnation"] != incarnation:
+            self._forget_incarnation(name, old["incarnation"])
+        if actor is not None:
+            self.actors[(name, incarnation)] = actor
         self.beats[name] = {
             "incarnation": incarnation,
             "pid": pid,
@@ -41,12 +58,54 @@ class HeartbeatBoard:
         }
 
     def forget(self, name: str) -> None:
-        self.beats.pop(name, None)
+        if (old := self.beats.pop(name, None)) is not None:
+            self._forget_incarnation(name, old["incarnation"])
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Every sender's last beat with `age_s`: seconds since it, by this board's clock."""
+    def _forget_incarnation(self, name: str, incarnation: str) -> None:
+        key = (name, incarnation)
+        self.actors.pop(key, None)
+        self.pings.pop(key, None)
+        self.dead.discard(key)
+
+    def snapshot(self, probe_after_s: float | None = None) -> dict[str, dict[str, Any]]:
+        """Every sender's last beat with `age_s`, seconds since it by this board's clock, and `dead`:
+        whether Ray reported the sender's actor dead. With `probe_after_s`, every sender silent longer
+        than that is pinged first (answers wait up to `PING_WAIT_S`; a ping still unanswered is asked
+        again by the next snapshot)."""
         now = time.monotonic()
-        return {n: {**b, "age_s": now - b["at"]} for n, b in self.beats.items()}
+        if probe_after_s is not None:
+            self._probe([n for n, b in list(self.beats.items()) if now - b["at"] > probe_after_s])
+        return {
+            n: {**b, "age_s": now - b["at"], "dead": (n, b["incarnation"]) in self.dead}
+            for n, b in list(self.beats.items())
+        }
+
+    def _probe(self, names: list[str]) -> None:
+        """Ping the actors of `names`; an actor Ray reports dead is marked so. An actor that is alive but
+        busy leaves its ping pending: only Ray's word makes a sender dead."""
+        import ray
+        from ray.exceptions import ActorDiedError
+
+        asked: dict[Any, tuple[str, str]] = {}
+        for name in names:
+            key = (name, self.beats[name]["incarnation"]) if name in self.beats else None
+            if key is None or key in self.dead or (actor := self.actors.get(key)) is None:
+                continue
+            if (ping := self.pings.get(key)) is None:
+                ping = self.pings[key] = actor.__ray_ready__.remote()
+            asked[ping] = key
+        if not asked:
+            return
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=PING_WAIT_S)
+        for ping in answered:
+            key = asked[ping]
+            self.pings.pop(key, None)
+            try:
+                ray.get(ping)
+            except ActorDiedError:
+                self.dead.add(key)
+            except Exception:  # noqa: BLE001 - unreachable for now (a node's network): not dead by Ray's word
+                pass
 
 
 def create_board() -> Any:
@@ -88,6 +147,7 @@ class Heartbeat:
         self.interval_s = interval_s
         self.incarnation = uuid.uuid4().hex
         self._stop = threading.Event()
+        self._actor = _own_actor()
 
     def start(self) -> Heartbeat:
         """Post the first beat and wait for the board to take it, then beat from the thread. A replica
@@ -107,25 +167,39 @@ class Heartbeat:
         try:
             board = get_board()
             if board is not None:
-                ray.get(board.beat.remote(self.name, self.incarnation, os.getpid()), timeout=FIRST_BEAT_S)
+                beat = board.beat.remote(self.name, self.incarnation, os.getpid(), None, self._actor)
+                ray.get(beat, timeout=FIRST_BEAT_S)
             return board
         except Exception:  # noqa: BLE001 - the board may be restarting; the thread beats again
             logger.warning("%s: the first heartbeat was not taken; beating from the thread", self.name)
             return None
 
     def _run(self, board: Any) -> None:
+        holds_actor = board  # the board that was handed this process's actor handle
         self._stop.wait(self.interval_s)
         while not self._stop.is_set():
             try:
                 board = board or get_board()
                 if board is not None:
-                    board.beat.remote(self.name, self.incarnation, os.getpid())
+                    actor = self._actor if board is not holds_actor else None
+                    board.beat.remote(self.name, self.incarnation, os.getpid(), None, actor)
+                    holds_actor = board
             except Exception:  # noqa: BLE001 - the board may be restarting; beat again next time
                 board = None
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _own_actor() -> Any:
+    """This process's Ray actor handle, or None outside an actor (a driver, a test)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().current_actor
+    except Exception:  # noqa: BLE001 - not in an actor, or Ray is not initialised
+        return None
 
 
 def with_heartbeat(cls: type, name: str, interval_s: float) -> type:

@@ -49,9 +49,9 @@ class Controller:
         self.run_dir, self.resume = cfg.run.run_dir, resume
         self.stop = stop if stop is not None else StopRequest()
         self.checks = StartChecks(self.cfg, self.stop)
-        self.watchdog = Watchdog(cfg.ops.step_timeout_s, cfg.ops.stop_grace_s, self.stop)
         self.notifier = Notifier(cfg.ops.notify_urls, cfg.run.name)
         self.health: HealthManager | None = None  # with Ray: its heartbeat board is a Ray actor
+        self.watchdog: Watchdog | None = None  # with the HealthManager: its waits watch the roles
         self.roles: Deployment | None = None  # the roles of the attempt
         self.flow: StepFlow | None = None  # the step sequencing over the attempt's roles
         self.last_metrics: dict[str, float] = {}
@@ -76,6 +76,8 @@ class Controller:
                 found[0] if found else 0, self.cfg.trainer.num_steps, self.cfg.schedule.mode
             )
             self.health = HealthManager(self.cfg, self.notifier)
+            ops = self.cfg.ops
+            self.watchdog = Watchdog(ops.step_timeout_s, ops.stop_grace_s, self.stop, self.health.check_state)
             self.roles = Deployment(self.cfg, cluster_gpus, self.stop)
             step = run_with_restarts(
                 self._attempt,

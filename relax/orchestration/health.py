@@ -5,8 +5,13 @@ costs.
   our back (a new incarnation: its state is gone) or went silent for `ops.heartbeat_timeout_s` is
   restarted in place: its Serve application is deleted and deployed again, and `Stages`
   (relax/orchestration/stages.py) hands it the step to continue from (and ActorFwd the last pushed
-  weights). The HealthManager decides and counts (`check`, `failed`); the caller restarts. Rows it had taken but not finished are
-  taken again by the new replica, which is a new data-plane consumer; recomputed columns are identical.
+  weights). The HealthManager decides and counts (`check`, `failed`); the caller restarts. Rows it had
+  taken but not finished are taken again by the new replica, which is a new data-plane consumer;
+  recomputed columns are identical.
+* A beat late by more than two heartbeat intervals is not yet a failure, but the board then pings the
+  sender's actor, and a role that Ray reports dead has failed at once (relax/ops/heartbeat.py): a killed
+  role is found within seconds, not after `ops.heartbeat_timeout_s`, and before Serve has started a
+  replacement replica that would only be thrown away.
 * The **Actor** and the **Rollout** hold state that only a checkpoint restores (weights and optimizer;
   data position and staleness gate): their failure, or a stateless role failing more than
   `ops.max_role_restarts` times, raises `GlobalRestart`, which `relax.orchestration.recovery` turns into a
@@ -62,10 +67,16 @@ class HealthManager:
         self.engine_restarts = 0
         self._engine_watch: threading.Event | None = None  # set: the engine watch of this attempt ends
 
-    def ask(self) -> Any:
+    @property
+    def late_s(self) -> float:
+        """A beat this late (two intervals missed) has the board ask Ray whether its sender is alive."""
+        return 2 * self.ops.heartbeat_interval_s
+
+    def ask(self, probe_after_s: float | None = None) -> Any:
         """Ask the board for its snapshot now; hand the answer to `check` later, so the round trip
-        overlaps the caller's other calls."""
-        return self.board.snapshot.remote()
+        overlaps the caller's other calls. Senders silent for `probe_after_s` (default `late_s`) are
+        pinged first."""
+        return self.board.snapshot.remote(self.late_s if probe_after_s is None else probe_after_s)
 
     def _snapshot(self, asked: Any = None) -> dict[str, dict[str, Any]]:
         import ray
@@ -106,6 +117,8 @@ class HealthManager:
                 bad[name] = "its heartbeat is gone"
             elif beat["incarnation"] != incarnation:
                 bad[name] = "its replica was replaced and lost its state"
+            elif beat.get("dead"):
+                bad[name] = f"its process died (pid {beat['pid']}; Ray reports its actor dead)"
             elif beat["age_s"] > self.ops.heartbeat_timeout_s:
                 bad[name] = (
                     f"silent for {beat['age_s']:.0f}s (ops.heartbeat_timeout_s={self.ops.heartbeat_timeout_s:g})"
@@ -121,7 +134,7 @@ class HealthManager:
         if isinstance(error, GlobalRestart) or not self.known:
             return None
         try:
-            bad = self.failures()
+            bad = self.failures(self.ask(probe_after_s=0.0))  # a call failed: ask after every role now
         except Exception:  # noqa: BLE001 - the board does not answer: the error stands as it is
             logger.exception("reading the heartbeats after %s failed", type(error).__name__)
             return None
@@ -130,6 +143,16 @@ class HealthManager:
         name = min(bad, key=lambda n: n in STATELESS)  # a role with training state first
         reason = bad[name]
         return GlobalRestart(name, f"{reason}; a call failed meanwhile: {type(error).__name__}: {error}")
+
+    def check_state(self) -> None:
+        """Raise `GlobalRestart` when a role that holds training state (the Actor, the Rollout) died or
+        was replaced. The driver's waits call this between their slices (`Watchdog`): a call to a dead
+        replica is queued by Serve until a replacement starts, and that replacement lacks the state."""
+        if not self.known:
+            return
+        for name, reason in self.failures().items():
+            if name not in STATELESS:
+                raise GlobalRestart(name, reason)
 
     def check(self, asked: Any = None) -> list[str]:
         """The failed stateless roles to restart in place now, each counted (`failed`); raises

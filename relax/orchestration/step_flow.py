@@ -131,13 +131,17 @@ class StepFlow:
         self.stages.training_step = step
         ahead, self._ahead = self._ahead, None
         response = ahead[1] if ahead is not None and ahead[0] == step else self.actor.train.remote(step)
-        while True:
-            try:
-                metrics = response.result(timeout_s=POLL_S)
-                break
-            except TimeoutError:
-                self.check()
-                self.watch.check("actor", "the update")
+        try:
+            while True:
+                try:
+                    metrics = response.result(timeout_s=POLL_S)
+                    break
+                except TimeoutError:
+                    self.check()
+                    self.watch.check("actor", "the update")
+        except BaseException:
+            response.cancel()  # never delivered later, to the replica of a restarted Actor (watchdog.py)
+            raise
         self._trained = step
         return metrics
 
@@ -201,6 +205,9 @@ class StepFlow:
             self.settle()
         except Exception:  # noqa: BLE001 - best effort on the way out; the push's error was logged
             logger.exception("the last weight update did not finish")
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].cancel()
         if not self.streaming:
             return
         try:

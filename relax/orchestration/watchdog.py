@@ -8,11 +8,16 @@ short slices and between them checks two deadlines:
   the run with `StepStalled`, which names the role and the phase that did not answer;
 * `ops.stop_grace_s`: after a stop request (SIGTERM, Ctrl-C) the step in flight may finish for this long
   (its checkpoint is then saved); past it the run stops with `RunStopped` without the checkpoint.
+
+Between slices it also calls `probe` (the HealthManager's `check_state`), which raises when a role with
+training state died: Serve would hold the call until a replacement replica started, which lacks that
+state, so waiting on it only delays the global restart.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from relax.orchestration.service import RunStopped
@@ -39,8 +44,16 @@ class StepStalled(RuntimeError):
 class Watchdog:
     """The driver's `Wait` and `Watch` (relax/orchestration/interfaces.py) of a run."""
 
-    def __init__(self, step_timeout_s: float | None, stop_grace_s: float, stop: StopRequest) -> None:
+    def __init__(
+        self,
+        step_timeout_s: float | None,
+        stop_grace_s: float,
+        stop: StopRequest,
+        probe: Callable[[], None] | None = None,
+    ) -> None:
+        """`probe`: called between the slices of a wait; it raises to end the wait (a lost role)."""
         self.step_timeout_s, self.stop_grace_s, self.stop = step_timeout_s, stop_grace_s, stop
+        self.probe = probe
         self.step = 0
         self._step_started = time.monotonic()
 
@@ -60,9 +73,18 @@ class Watchdog:
             )
 
     def wait(self, response: Any, role: str, phase: str) -> Any:
-        """`response.result()` (a Serve response), checking the deadlines while it is not there."""
-        while True:
-            try:
-                return response.result(timeout_s=SLICE_S)
-            except TimeoutError:
-                self.check(role, phase)
+        """`response.result()` (a Serve response), checking the deadlines while it is not there. A wait
+        that ends without the result cancels the call: Serve queues a call to a dead replica, and a
+        call left queued would reach the replica of the role deployed again under the same name by a
+        global restart, as a second call of a step the restarted run makes itself."""
+        try:
+            while True:
+                try:
+                    return response.result(timeout_s=SLICE_S)
+                except TimeoutError:
+                    self.check(role, phase)
+                    if self.probe is not None:
+                        self.probe()
+        except BaseException:
+            response.cancel()
+            raise

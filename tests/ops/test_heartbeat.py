@@ -9,6 +9,8 @@ error seen while the board shows a replaced role is that role's failure.
 from __future__ import annotations
 
 import os
+import signal
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -62,3 +64,68 @@ def test_an_error_while_a_role_was_replaced_is_that_roles_restartable_failure(he
 
 def test_without_watched_roles_an_error_stands(health):
     assert health.failure_behind(ValueError("bad row")) is None
+
+
+def start_beater(name: str, interval_s: float):
+    """A role-like actor that beats as `name` from its constructor, as `with_heartbeat` makes roles do
+    (defined here so that Ray ships it by value: workers cannot import a test module)."""
+    import ray
+
+    class Beater:
+        def __init__(self) -> None:
+            self.heartbeat = Heartbeat(name, interval_s).start()
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    actor = ray.remote(num_cpus=0)(Beater).remote()
+    return actor, ray.get(actor.pid.remote(), timeout=60)
+
+
+def failures_soon(health: HealthManager) -> dict[str, str]:
+    """The first failures the board shows, read every 0.1 s; {} after 50 s, still inside the default
+    heartbeat timeout (60 s), so a failure found is the ping's and not the timeout's."""
+    deadline = time.monotonic() + 50
+    while not (bad := health.failures()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return bad
+
+
+def test_a_killed_role_fails_before_its_timeout_and_a_late_one_does_not(health):
+    """The default `ops.heartbeat_timeout_s` is 60 s: a killed Actor is reported dead by Ray long before,
+    as a failure that `check_state` raises; a live role whose beat is late (it beats once a minute) is
+    pinged, answers, and is not a failure."""
+    import ray
+
+    health.ops = OpsConfig(heartbeat_interval_s=0.2)  # late after 0.4 s
+    actor, actor_pid = start_beater("actor", interval_s=0.2)
+    fwd, _ = start_beater("actor_fwd", interval_s=60.0)  # alive, but late at every check below
+    try:
+        health.watch(["actor", "actor_fwd"], timeout_s=30)
+        assert health.failures() == {}  # the late one is pinged and answers: not a failure
+        os.kill(actor_pid, signal.SIGKILL)
+        bad = failures_soon(health)
+        assert set(bad) == {"actor"}, bad
+        assert "process died" in bad["actor"] and f"pid {actor_pid}" in bad["actor"], bad
+        with pytest.raises(GlobalRestart) as raised:
+            health.check_state()
+        assert raised.value.role == "actor"
+    finally:
+        for a in (actor, fwd):
+            ray.kill(a)
+
+
+def test_check_state_leaves_a_dead_stateless_role_to_the_in_place_restart(health):
+    import ray
+
+    health.ops = OpsConfig(heartbeat_interval_s=0.2)
+    fwd, fwd_pid = start_beater("actor_fwd", interval_s=0.2)
+    try:
+        health.watch(["actor_fwd"], timeout_s=30)
+        os.kill(fwd_pid, signal.SIGKILL)
+        assert set(failures_soon(health)) == {"actor_fwd"}
+        health.check_state()  # no GlobalRestart: `check` restarts it in place
+        assert health.check() == ["actor_fwd"]
+        assert health.role_restarts == {"actor_fwd": 1}
+    finally:
+        ray.kill(fwd)
