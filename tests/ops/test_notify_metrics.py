@@ -126,3 +126,41 @@ def test_metrics_resume_sets_aside_redone_steps(tiny_model_dir, arith_file, tmp_
     assert [(r["step"], r["x"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 30.0)]
     superseded = (cfg.run.run_dir / "metrics.superseded.jsonl").read_text().splitlines()
     assert [json.loads(line)["x"] for line in superseded] == [3.0]
+
+
+def test_tensorboard_after_a_resume_keeps_one_point_per_step_and_no_torch(tmp_path):
+    """A resumed attempt writes again the steps after its checkpoint: TensorBoard shows each step once,
+    with the new attempt's value. The sink does not import torch (the Metrics replica needs none)."""
+    import subprocess
+    import sys
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from relax.ops.metric_sinks import TensorBoardSink
+
+    log_dir = tmp_path / "tensorboard"
+    first = TensorBoardSink(log_dir)
+    for step in (1, 2, 3, 4):
+        first.log(step, {"loss": float(step), "done": True})
+    first.close()
+    second = TensorBoardSink(log_dir, resume_step=2)  # resumed from the checkpoint of step 2
+    for step in (3, 4, 5):
+        second.log(step, {"loss": 10.0 * step})
+    second.close()
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 30.0),
+        (4, 40.0),
+        (5, 50.0),
+    ]
+    assert [e.value for e in acc.Scalars("done")] == [1.0, 1.0]  # the first attempt's steps 1 and 2
+
+    probe = "import sys; from relax.ops.metric_sinks import TensorBoardSink; " + (
+        f"TensorBoardSink(__import__('pathlib').Path({str(tmp_path / 'p')!r})).log(1, {{'x': 1.0}}); "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
