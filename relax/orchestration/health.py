@@ -150,7 +150,12 @@ class HealthManager:
         replica is queued by Serve until a replacement starts, and that replacement lacks the state."""
         if not self.known:
             return
-        for name, reason in self.failures().items():
+        try:
+            bad = self.failures()
+        except Exception:  # noqa: BLE001 - the board does not answer: the wait goes on under its deadlines
+            logger.warning("reading the heartbeats during a wait failed", exc_info=True)
+            return
+        for name, reason in bad.items():
             if name not in STATELESS:
                 raise GlobalRestart(name, reason)
 
