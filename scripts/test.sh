@@ -35,12 +35,15 @@ while IFS= read -r line; do
     cert) export SSL_CERT_FILE="$val" ;;
   esac
 done < <(.venv/bin/python -m pip config list 2>/dev/null || true)
-# --compile-bytecode: uv writes no .pyc (pip does), and where PYTHONDONTWRITEBYTECODE is set (as on CI's
-# machines) Python never writes them either, so every process (a run starts about ten) would compile
-# torch, transformers and Ray from source on import: 11.6 s instead of 5.1 s to import a role, and the
-# suite twice as long (docs/testing.md).
+# Bytecode is written as modules are first imported, not compiled for the whole environment at install:
+# uv writes no .pyc (pip does) and CI's machines set PYTHONDONTWRITEBYTECODE, so without either every
+# process (a run starts about ten) compiled torch, transformers and Ray from source on each import (the
+# suite twice as long), while `uv pip install --compile-bytecode` compiles all ~25,000 files of the
+# environment (37 s of a clean clone's install, 57 CPU-seconds) where the suite imports ~4,000
+# (docs/testing.md). Ray's workers inherit the environment, so they write and read the same cache.
+unset PYTHONDONTWRITEBYTECODE
 if [ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q uv 2>/dev/null; then
-  .venv/bin/uv pip install -q --compile-bytecode "${uv_args[@]}" torch==2.13.0 -e '.[test,docs]'
+  .venv/bin/uv pip install -q "${uv_args[@]}" torch==2.13.0 -e '.[test,docs]'
 else
   echo "uv is not available: installing with pip" >&2
   .venv/bin/python -m pip install -q --upgrade pip
