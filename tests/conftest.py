@@ -27,15 +27,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 # scripts/test.sh runs the suite as two pytest processes side by side (docs/testing.md), each picking its
 # tests by RELAX_TEST_QUEUE: "e2e" the end-to-end tests (marked slow) one after another, "unit" the
-# component tests, then the end-to-end files whose in-process runs mostly wait (kills and replacements,
-# eval: `WAITING`). The e2e queue alone kept 1.36 of the two cores busy for the ~880 s after the unit
-# queue ended (2026-12-05): the waiting files fill that, beside its learning runs, instead of taking
-# their turn in it. (Learning runs at the end of the unit queue gained nothing: two learning runs at
-# once each took about twice as long; docs/testing.md.) The runs that start a Ray cluster of their own
-# (a `relax train` child, the simulated hosts: `OWN_RAY_LAST`) come last in the e2e queue and wait until
-# the unit queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it ends): Ray gives a
-# new node 30 s to register with its GCS, and beside a learning run and the component tests one did not.
-WAITING = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
+# component tests. (End-to-end files at the end of the unit queue, beside the e2e queue's learning runs,
+# gained nothing: two learning runs at once each took about twice as long; docs/testing.md.) The e2e
+# queue starts with the files whose in-process runs mostly wait (kills and
+# replacements, eval), which overlap the component tests (they want the cores too); the runs that start a
+# Ray cluster of their own (a `relax train` child, the simulated hosts) come last and wait until the unit
+# queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it ends): Ray gives a new node
+# 30 s to register with its GCS, and beside a learning run and the component tests one did not.
+WAITING_FIRST = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
 OWN_RAY_LAST = (
     "tests/cluster/test_multi_host.py",
     "tests/cluster/test_cluster_shapes.py",
@@ -46,29 +45,28 @@ OWN_RAY_LAST = (
 UNIT_DONE_WAIT_S = 1800  # the unit queue takes ~10 minutes; a crashed one is waited for no longer
 
 
+def _e2e_rank(item: pytest.Item) -> int:
+    name = _file(item)
+    return 0 if name in WAITING_FIRST else 2 if name in OWN_RAY_LAST else 1
+
+
 def _file(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def _lane(item: pytest.Item) -> str:
-    """The queue that runs `item`: "e2e" or "unit"."""
-    if item.get_closest_marker("slow") is None or _file(item) in WAITING:
-        return "unit"
-    return "e2e"
+def _in_e2e_queue(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
 
 
 def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
     """Keep the tests of `queue` ("e2e" or "unit"), in the order described above; deselect the rest."""
-    lanes = [_lane(item) for item in items]
-    keep = [item for item, lane in zip(items, lanes, strict=True) if lane == queue]
-    dropped = [item for item, lane in zip(items, lanes, strict=True) if lane != queue]
+    e2e = [_in_e2e_queue(item) for item in items]
+    keep = [item for item, mine in zip(items, e2e, strict=True) if mine == (queue == "e2e")]
+    dropped = [item for item, mine in zip(items, e2e, strict=True) if mine != (queue == "e2e")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    # stable sorts: each file's tests stay together
-    if queue == "e2e":
-        keep.sort(key=lambda item: _file(item) in OWN_RAY_LAST)
-    else:
-        keep.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+    if queue == "e2e":  # a stable sort: each file's tests stay together
+        keep.sort(key=_e2e_rank)
     items[:] = keep
 
 
