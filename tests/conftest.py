@@ -1,4 +1,5 @@
-"""Session-wide fixtures: one tiny model folder, one toy data file, one local Ray cluster; and the `full`
+"""Session-wide fixtures: one tiny model folder, one toy data file, one local Ray cluster, one engine server
+the in-process runs attach to; and the `full`
 tier: tests marked `full` (the rest of the fault matrix, the second cluster shape) are skipped unless
 pytest runs with `--full` (`bash scripts/test.sh --full`, docs/testing.md)."""
 
@@ -6,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -143,3 +146,72 @@ def bare_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     for name in ("config.json", "model.safetensors"):
         shutil.copy(tiny_model_dir / name, out / name)
     return out
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tiny_model_dir, tmp_path_factory):
+    """One `relax engine serve` process over the session's tiny model, which the in-process runs whose
+    subject is not the engine's launch attach to as an external engine (`rollout.engine=external`,
+    `SharedEngine.overrides()`), as a user attaches runs to a long-lived server. A run that launches its
+    own embedded engine pays its process start (imports and model load: ~3.5 s of a toy run's ~17 s on
+    two cores, on the critical path of its start); the runs that test the embedded engine itself (kills
+    and replacements, elastic scale-out, engine options, the default quickstart) still launch theirs.
+    Each run pushes its weights before its first step (version 0), so a run never samples from the
+    weights a previous run trained."""
+    engine = SharedEngine(tiny_model_dir, tmp_path_factory.mktemp("shared_engine") / "engine.log")
+    yield engine
+    engine.stop()
+
+
+class SharedEngine:
+    def __init__(self, model_dir: Path, log: Path) -> None:
+        self.model_dir, self.log = model_dir, log
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def overrides(self) -> list[str]:
+        """The config overrides that attach a run to this engine (started again if it died)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        return ["rollout.engine=external", f"rollout.engine_urls=[{self.url}]"]
+
+    def _start(self, timeout_s: float = 120.0) -> None:
+        import httpx
+
+        from tests.engine_helpers import free_port
+
+        port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "relax.entrypoints.cli",
+            "engine",
+            "serve",
+            "--model",
+            str(self.model_dir),
+        ]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--device", "cpu"]
+        cmd += ["--threads", "1", "--max-running", "256", "--seed", "0"]
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (
+                "the shared engine did not come up:\n" + self.log.read_text()[-3000:]
+            )
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

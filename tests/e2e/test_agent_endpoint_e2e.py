@@ -21,7 +21,7 @@ NAMES = ["models", "chat", "stop", "seed", "n", "logprobs", "streaming", "tools"
 
 
 def test_agent_endpoint_passes_the_openai_checks_in_a_training_run(
-    ray_cluster, tiny_model_dir, arith_file, tmp_path
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path
 ):
     out = tmp_path / "checks"
     out.mkdir()
@@ -42,6 +42,7 @@ def test_agent_endpoint_passes_the_openai_checks_in_a_training_run(
             "trainer.num_steps=1",
             "ops.progress=false",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+            *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
             "ops.tensorboard=false",
             "resources.num_cpus=8",
         ],

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).parents[2] / "examples" / "calc_tool.yaml"
 
 
-def test_calculator_tool_use_rises(ray_cluster, tiny_model_dir, tmp_path):
+def test_calculator_tool_use_rises(ray_cluster, shared_engine, tiny_model_dir, tmp_path):
     data = generate_calc(tmp_path / "calc.jsonl", n=1000)
     steps = 16
     cfg = load_config(
@@ -31,6 +31,7 @@ def test_calculator_tool_use_rises(ray_cluster, tiny_model_dir, tmp_path):
             f"trainer.num_steps={steps}",
             "ops.tensorboard=false",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+            *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
             "resources.num_cpus=8",
         ],
     )

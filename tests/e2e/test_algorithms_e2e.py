@@ -29,7 +29,7 @@ SMOKE_FULL = ["reinforce_plus_plus_baseline", "cispo", "reinforce_plus_plus", "s
 SMOKE_STEPS = 3
 
 
-def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path) -> list[dict]:
+def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path, engine) -> list[dict]:
     cfg = load_config(
         "tests/toy_arith.yaml",
         [
@@ -44,6 +44,7 @@ def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path) -> list[di
             "ops.progress=false",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
             "eval.sets=[]",
+            *engine.overrides(),  # the session's engine server (tests/conftest.py)
             # the teacher: the tiny model's own folder (a smoke run; any model folder of the same vocabulary)
             *([f"model.reference_path={tiny_model_dir}"] if name == "on_policy_distillation" else []),
         ],
@@ -53,8 +54,8 @@ def _run(name: str, steps: int, tiny_model_dir, arith_file, tmp_path) -> list[di
 
 
 @pytest.mark.parametrize("name", [*SMOKE, *(pytest.param(n, marks=pytest.mark.full) for n in SMOKE_FULL)])
-def test_algorithm_runs_end_to_end(name, ray_cluster, tiny_model_dir, arith_file, tmp_path):
-    rows = _run(name, SMOKE_STEPS, tiny_model_dir, arith_file, tmp_path)
+def test_algorithm_runs_end_to_end(name, ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path):
+    rows = _run(name, SMOKE_STEPS, tiny_model_dir, arith_file, tmp_path, shared_engine)
     assert [r["step"] for r in rows] == list(range(1, SMOKE_STEPS + 1))
     for r in rows:
         assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"]), r

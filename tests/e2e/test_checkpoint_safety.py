@@ -26,7 +26,7 @@ class Boom:
         return (exec, ("raise SystemExit('tampered checkpoint ran code')",))
 
 
-def cfg(tiny_model_dir, arith_file, tmp_path, steps, *extra):
+def cfg(tiny_model_dir, arith_file, tmp_path, engine, steps, *extra):
     return load_config(
         "tests/toy_arith.yaml",
         [
@@ -41,13 +41,16 @@ def cfg(tiny_model_dir, arith_file, tmp_path, steps, *extra):
             "ops.keep_checkpoints=3",
             "ops.progress=false",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+            *engine.overrides(),  # the session's engine server (tests/conftest.py)
             *extra,
         ],
     )
 
 
-def test_broken_checkpoints_are_clear_errors(ray_cluster, tiny_model_dir, arith_file, tmp_path, caplog):
-    assert Controller(cfg(tiny_model_dir, arith_file, tmp_path, 2)).run() == 2
+def test_broken_checkpoints_are_clear_errors(
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path, caplog
+):
+    assert Controller(cfg(tiny_model_dir, arith_file, tmp_path, shared_engine, 2)).run() == 2
     run_dir = tmp_path / "ck"
     recorded = (run_dir / "config.yaml").read_text()
     step2 = ckpt.step_dir(run_dir, 2)
@@ -55,7 +58,9 @@ def test_broken_checkpoints_are_clear_errors(ray_cluster, tiny_model_dir, arith_
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 3])  # truncated
 
     with pytest.raises(ckpt.CheckpointError, match=r"step_000002 cannot be loaded.*step_000001"):
-        Controller(cfg(tiny_model_dir, arith_file, tmp_path, 3, "trainer.lr=0.5"), resume=True).run()
+        Controller(
+            cfg(tiny_model_dir, arith_file, tmp_path, shared_engine, 3, "trainer.lr=0.5"), resume=True
+        ).run()
     assert (run_dir / "config.yaml").read_text() == recorded  # a failed resume keeps the record
 
     (step2 / "COMPLETE").unlink()

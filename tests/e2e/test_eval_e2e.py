@@ -15,7 +15,7 @@ from relax.orchestration.eval_only import run_eval
 pytestmark = pytest.mark.slow
 
 
-def test_eval_in_run_and_eval_only(ray_cluster, tiny_model_dir, arith_file, tmp_path):
+def test_eval_in_run_and_eval_only(ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path):
     overrides = [
         f"model.path={tiny_model_dir}",
         f"data.train_files=[{arith_file}]",
@@ -28,6 +28,7 @@ def test_eval_in_run_and_eval_only(ray_cluster, tiny_model_dir, arith_file, tmp_
         "trainer.lr=1e-2",
         "ops.progress=false",
         "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+        *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
         "eval.interval=1",
         "eval.before_train=true",
         f"eval.sets=[{{name: arith, files: [{arith_file}], max_prompts: 12, n_samples_per_prompt: 2, "

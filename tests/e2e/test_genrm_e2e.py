@@ -34,7 +34,7 @@ def judge_dir(tmp_path_factory) -> Path:
     return out
 
 
-def genrm_config(tiny_model_dir, arith_file, judge_dir, out_dir: Path):
+def genrm_config(tiny_model_dir, arith_file, judge_dir, out_dir: Path, engine):
     section = {
         "reward": {
             "name": "genrm",
@@ -66,15 +66,16 @@ def genrm_config(tiny_model_dir, arith_file, judge_dir, out_dir: Path):
             f"trainer.num_steps={STEPS}",
             "ops.progress=false",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+            *engine.overrides(),  # the session's engine server (tests/conftest.py)
             "resources.num_cpus=8",
         ],
     )
 
 
 def test_training_reward_comes_from_the_genrm_judge(
-    ray_cluster, tiny_model_dir, arith_file, judge_dir, tmp_path
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, judge_dir, tmp_path
 ):
-    cfg = genrm_config(tiny_model_dir, arith_file, judge_dir, tmp_path)
+    cfg = genrm_config(tiny_model_dir, arith_file, judge_dir, tmp_path, shared_engine)
     assert Controller(cfg).run() == STEPS
     rows = [json.loads(line) for line in (cfg.run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

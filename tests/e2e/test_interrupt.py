@@ -119,7 +119,7 @@ def test_sigterm_during_a_stuck_step_stops_after_the_grace(tiny_model_dir, arith
 
 
 def test_a_stalled_step_fails_the_run_naming_role_and_phase(
-    ray_cluster, tiny_model_dir, arith_file, tmp_path
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path
 ):
     from relax.config import load_config
     from relax.orchestration.controller import Controller
@@ -137,6 +137,7 @@ def test_a_stalled_step_fails_the_run_naming_role_and_phase(
             "ops.max_global_restarts=0",
             "schedule.debug_train_delay_s=600",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+            *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
         ],
     )
     # the update sleeps 600 s: a watchdog that did not fire would let the step finish, and nothing be raised

@@ -89,7 +89,9 @@ def test_mode_learns(ray_cluster, tiny_model_dir, arith_file, tmp_path, mode, al
 # already asserts its staleness bound (the GSPO learning run at 1, in-place partial rollouts, the
 # over-provisioned run), and 2 adds only that a slow trainer lets rollout use the whole budget.
 @pytest.mark.parametrize("staleness", [0, pytest.param(2, marks=pytest.mark.full)])
-def test_staleness_bound_with_slow_trainer(ray_cluster, tiny_model_dir, arith_file, tmp_path, staleness):
+def test_staleness_bound_with_slow_trainer(
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path, staleness
+):
     cfg = mode_config(
         tiny_model_dir,
         arith_file,
@@ -100,6 +102,7 @@ def test_staleness_bound_with_slow_trainer(ray_cluster, tiny_model_dir, arith_fi
             f"schedule.max_staleness={staleness}",
             "schedule.debug_train_delay_s=1.5",
             "schedule.data_plane=ray",
+            *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
             # with staleness, pi_old is the behaviour policy: no ActorFwd, the Actor fills it in process
             *(["algorithm.old_log_probs=rollout"] if staleness else []),
         ],
@@ -142,7 +145,7 @@ def test_in_place_partial_rollout_keeps_requests_across_updates(
 
 
 def test_completion_order_trains_long_groups_in_later_steps(
-    ray_cluster, tiny_model_dir, arith_file, tmp_path
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path
 ):
     """Every 4th prompt may answer with 48 tokens and is scored by a slow verifier, the rest answer with 2:
     under `batch_order: completion` the first steps fill with short groups (some drawn by the next step)
@@ -160,6 +163,7 @@ def test_completion_order_trains_long_groups_in_later_steps(
         "reward.name=tests.e2e.reward_fns:slow_on_long_rows",
         "reward.kwargs={delay_s: 2.0}",
         "reward.max_concurrency=256",  # the slow verifier does not queue the short groups behind it
+        *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
     ]
     cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "hybrid", steps=4, extra=extra)
     assert Controller(cfg).run() == 4

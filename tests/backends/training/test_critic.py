@@ -110,7 +110,9 @@ def test_fsdp_critic_is_sharded_like_the_policy_and_matches(tiny_model_dir, ray_
 
 
 @pytest.mark.slow
-def test_ppo_with_fsdp_ranks_trains_the_critic_on_them(ray_cluster, tiny_model_dir, arith_file, tmp_path):
+def test_ppo_with_fsdp_ranks_trains_the_critic_on_them(
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path
+):
     """`relax train` with PPO on 2 FSDP ranks: the critic trains on the ranks (its metrics every step) and
     the final checkpoint holds it beside the policy."""
     import json
@@ -134,6 +136,7 @@ def test_ppo_with_fsdp_ranks_trains_the_critic_on_them(ray_cluster, tiny_model_d
             "ops.checkpoint_interval=0",
             "ops.progress=false",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+            *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
             "eval.sets=[]",
         ],
     )
