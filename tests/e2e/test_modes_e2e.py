@@ -68,8 +68,10 @@ HYBRID_CHECKPOINTS = ["rollout.partial_rollout=true", "ops.checkpoint_interval=1
 @pytest.mark.parametrize(
     ("mode", "algorithm"), [("colocate", "grpo"), ("hybrid", "ppo"), ("fully_async", "gspo")]
 )
-def test_mode_learns(ray_cluster, tiny_model_dir, arith_file, tmp_path, mode, algorithm):
+def test_mode_learns(ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path, mode, algorithm):
     extra = [f"algorithm.name={algorithm}", *(HYBRID_CHECKPOINTS if mode == "hybrid" else [])]
+    if mode != "colocate":  # colocate learns on its own embedded engine, the quickstart's path
+        extra += shared_engine.overrides()  # the session's engine server (tests/conftest.py)
     cfg = mode_config(tiny_model_dir, arith_file, tmp_path, mode, steps=30, extra=extra)
     assert Controller(cfg).run() == 30
     rows = read_metrics(cfg)
@@ -175,7 +177,9 @@ def test_completion_order_trains_long_groups_in_later_steps(
     assert metrics[-1]["rollout/response_len_mean"] > 2.0, metrics
 
 
-def test_over_provisioned_fully_async_on_cpu_budgets(ray_cluster, tiny_model_dir, arith_file, tmp_path):
+def test_over_provisioned_fully_async_on_cpu_budgets(
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path
+):
     """fully_async with `rollout.over_provision: 4` and the rollout and training roles pinned to CPU
     budgets: the first producer draws 12 prompts for a step of 8, so step 1 trains on the 8 short groups
     among them without waiting for the long ones (slow to score), which train in later steps; every step
@@ -199,6 +203,7 @@ def test_over_provisioned_fully_async_on_cpu_budgets(ray_cluster, tiny_model_dir
         "reward.max_concurrency=256",
         f"resources.rollout_cpus='{cpus[0]}'",
         f"resources.training_cpus='{cpus[-1]}'",
+        *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
     ]
     cfg = mode_config(tiny_model_dir, arith_file, tmp_path, "fully_async", steps=4, extra=extra)
     assert Controller(cfg).run() == 4

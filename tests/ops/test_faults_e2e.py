@@ -225,7 +225,7 @@ def test_an_elastic_scale_out_to_an_engine_that_refuses_the_weight_group_fails_a
 
 
 def test_a_full_disk_at_a_checkpoint_stops_the_run_naming_the_cause_and_file(
-    ray_cluster, tiny_model_dir, arith_file, tmp_path, inbox
+    ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp_path, inbox
 ):
     """The checkpoints live on a small tmpfs, filled once checkpoint 2 is complete: the save of checkpoint
     4 fails, and the run stops with an error that says `No space left on device` and names the file
@@ -238,6 +238,7 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_naming_the_cause_and_file(
         inbox.url,
         "trainer.num_steps=8",
         "ops.checkpoint_interval=2",
+        *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
     )
     root = ckpt.checkpoint_root(cfg.run.run_dir)
     root.mkdir(parents=True)
