@@ -78,7 +78,7 @@ class Controller:
             self.health = HealthManager(self.cfg, self.notifier)
             ops = self.cfg.ops
             self.watchdog = Watchdog(ops.step_timeout_s, ops.stop_grace_s, self.stop, self.health.check_state)
-            self.roles = Deployment(self.cfg, cluster_gpus, self.stop)
+            self.roles = Deployment(self.cfg, cluster_gpus, self.stop, cluster_ends_with_run=owns_ray)
             step = run_with_restarts(
                 self._attempt,
                 resume=self.resume,

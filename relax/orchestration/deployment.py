@@ -24,9 +24,14 @@ logger = logging.getLogger(__name__)
 
 
 class Deployment:
-    def __init__(self, cfg: RelaxConfig, cluster_gpus: int, stop: StopRequest) -> None:
-        """`cluster_gpus`: the cluster's GPUs, as the run's GPU plan counted them (`gpus.plan_gpus`)."""
+    def __init__(
+        self, cfg: RelaxConfig, cluster_gpus: int, stop: StopRequest, *, cluster_ends_with_run: bool = False
+    ) -> None:
+        """`cluster_gpus`: the cluster's GPUs, as the run's GPU plan counted them (`gpus.plan_gpus`);
+        `cluster_ends_with_run`: the run started the Ray cluster and stops it when it ends."""
         self.cfg, self.cluster_gpus, self.stop_request = cfg, cluster_gpus, stop
+        self.cluster_ends_with_run = cluster_ends_with_run
+        self._started = False  # every role deployed and the data plane up
         self.specs: dict[str, RoleSpec] = {}
         self.handles: dict[str, Any] = {}  # role name -> Serve handle of its running replica
         self.plane: DataPlane | None = None
@@ -58,6 +63,7 @@ class Deployment:
             self.plane = plane.result(lambda: self.stop_request.check("the data plane started"), _close_plane)
         except DataPlaneStartError as e:
             raise service.RoleStartError("data_plane", str(e)) from e
+        self._started = True
         return self.handles
 
     def redeploy(self, name: str) -> Any:
@@ -80,7 +86,14 @@ class Deployment:
         if self.plane is not None:
             asyncio.run(self.plane.close())
             self.plane = None
-        service.delete_roles()  # Serve itself stops with the run (`service.shutdown`)
+        if self._started or not self.cluster_ends_with_run or not self.stop_request.requested:
+            service.delete_roles()  # Serve itself stops with the run (`service.shutdown`)
+        else:
+            # stopped while the roles start, in a cluster the run stops next: Serve's graceful stop would
+            # wait for each replica's constructor and then its stop timeout (seconds of a Ctrl-C at
+            # start-up); stopping the cluster kills the replicas, and they hold nothing to save yet
+            logger.info("stopped while the roles started: they end with the Ray cluster")
+        self._started = False
         if self._gpu_group is not None:
             from ray.util import remove_placement_group
 
