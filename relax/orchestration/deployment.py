@@ -31,7 +31,6 @@ class Deployment:
         `cluster_ends_with_run`: the run started the Ray cluster and stops it when it ends."""
         self.cfg, self.cluster_gpus, self.stop_request = cfg, cluster_gpus, stop
         self.cluster_ends_with_run = cluster_ends_with_run
-        self._started = False  # every role deployed and the data plane up
         self.specs: dict[str, RoleSpec] = {}
         self.handles: dict[str, Any] = {}  # role name -> Serve handle of its running replica
         self.plane: DataPlane | None = None
@@ -63,7 +62,6 @@ class Deployment:
             self.plane = plane.result(lambda: self.stop_request.check("the data plane started"), _close_plane)
         except DataPlaneStartError as e:
             raise service.RoleStartError("data_plane", str(e)) from e
-        self._started = True
         return self.handles
 
     def redeploy(self, name: str) -> Any:
@@ -86,14 +84,14 @@ class Deployment:
         if self.plane is not None:
             asyncio.run(self.plane.close())
             self.plane = None
-        if self._started or not self.cluster_ends_with_run or not self.stop_request.requested:
-            service.delete_roles()  # Serve itself stops with the run (`service.shutdown`)
+        if self.cluster_ends_with_run and self.stop_request.requested:
+            # the run ends, and the Ray cluster it started with it, which kills the replicas: Serve's
+            # graceful stop would wait for each (a constructor still running at start-up, an update past
+            # ops.stop_grace_s) and then its stop timeout. The engines and the metrics were closed above,
+            # and a replica holds nothing else to save.
+            logger.info("the run stops: its roles end with the Ray cluster it started")
         else:
-            # stopped while the roles start, in a cluster the run stops next: Serve's graceful stop would
-            # wait for each replica's constructor and then its stop timeout (seconds of a Ctrl-C at
-            # start-up); stopping the cluster kills the replicas, and they hold nothing to save yet
-            logger.info("stopped while the roles started: they end with the Ray cluster")
-        self._started = False
+            service.delete_roles()  # Serve itself stops with the run (`service.shutdown`)
         if self._gpu_group is not None:
             from ray.util import remove_placement_group
 

@@ -84,7 +84,7 @@ def test_sigterm_while_roles_start_ends_the_run(tiny_model_dir, arith_file, tmp_
     text = _sigterm_once(args, log_file, lambda: "starting roles" in log_file.read_text())
     assert "stop requested while roles" in text, text[-3000:]
     # the replicas end with the cluster the run started, not after Serve's graceful stop of each
-    assert "stopped while the roles started: they end with the Ray cluster" in text, text[-3000:]
+    assert "the run stops: its roles end with the Ray cluster it started" in text, text[-3000:]
     metrics = tmp_path / "early" / "metrics.jsonl"
     assert not metrics.exists() or not metrics.read_text().strip()  # no step ran
     _nothing_left_running()
