@@ -15,18 +15,55 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
+# Generation 0's threshold while a process imports (default 700 allocations): importing torch,
+# transformers and a role's modules creates about half a million objects, and every collection the
+# default threshold triggers on the way walks the young ones, and every tenth of those the older ones.
+STARTUP_GEN0_THRESHOLD = 50_000
+_default_thresholds: tuple[int, int, int] | None = None  # set while `quiet_startup` is in force
+
+
+def _enabled() -> bool:
+    return os.environ.get("RELAX_GC_FREEZE", "1") != "0"
+
+
+def started_as_ray_worker() -> bool:
+    """Whether this process is a Ray worker (Ray starts every worker, so every role replica and actor,
+    as `python .../ray/_private/workers/default_worker.py`)."""
+    return bool(sys.argv) and sys.argv[0].endswith(os.path.join("workers", "default_worker.py"))
+
+
+def quiet_startup() -> None:
+    """For a process about to import its role: freeze what is loaded (Ray's own modules) and collect
+    generation 0 less often, until `freeze_startup_objects` ends the start-up: fewer passes of the
+    collector over the modules a role imports (torch, transformers, Relax's; docs/measurements.md has
+    the saving). A process that never calls `freeze_startup_objects` keeps the higher threshold, which
+    only delays its young collections."""
+    global _default_thresholds
+    if not _enabled() or _default_thresholds is not None:
+        return
+    _default_thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(STARTUP_GEN0_THRESHOLD, *_default_thresholds[1:])
+
+
 def freeze_startup_objects() -> int:
-    """Collect once, then freeze every object alive now; returns how many are frozen (0 when the
-    environment sets RELAX_GC_FREEZE=0, to compare or to rule it out)."""
-    if os.environ.get("RELAX_GC_FREEZE", "1") == "0":
+    """Collect once, then freeze every object alive now, and collect at the default thresholds again
+    (`quiet_startup`); returns how many are frozen (0 when the environment sets RELAX_GC_FREEZE=0, to
+    compare or to rule it out)."""
+    global _default_thresholds
+    if not _enabled():
         return 0
     gc.collect()
     gc.freeze()
+    if _default_thresholds is not None:
+        gc.set_threshold(*_default_thresholds)
+        _default_thresholds = None
     frozen = gc.get_freeze_count()
     logger.debug("gc: %d start-up objects frozen", frozen)
     return frozen

@@ -1,12 +1,18 @@
 """Start-up objects of a role's process are frozen out of the cyclic collector (relax/utils/gc_freeze.py),
-also when the role class travels to a Ray actor."""
+also when the role class travels to a Ray actor; a Ray worker that imports Relax collects generation 0
+less often until its role is built."""
 
 from __future__ import annotations
 
 import gc
+import sys
+import uuid
 
+import pytest
+
+from relax.utils import gc_freeze
 from relax.utils.gc_freeze import with_frozen_startup
-from tests.utils.gc_probe import Probe
+from tests.utils.gc_probe import Probe, StartupProbe
 
 
 def test_constructing_the_wrapped_class_freezes_in_this_process():
@@ -28,3 +34,45 @@ def test_a_ray_actor_of_the_wrapped_class_runs_the_wrapper(ray_cluster):
     assert ray.get(wrapped.frozen.remote()) > 1000  # pickled by value: the subclass's __init__ ran
     for actor in (plain, wrapped):
         ray.kill(actor)
+
+
+def test_quiet_startup_raises_generation_0_until_the_start_up_is_frozen(monkeypatch):
+    default = gc.get_threshold()
+    monkeypatch.setattr(gc_freeze, "_default_thresholds", None)
+    try:
+        gc_freeze.quiet_startup()
+        assert gc.get_threshold() == (gc_freeze.STARTUP_GEN0_THRESHOLD, *default[1:])
+        assert gc.get_freeze_count() > 1000  # what was loaded before: Ray's modules in a worker
+        gc_freeze.quiet_startup()  # once per process: a second call keeps the saved defaults
+        gc_freeze.freeze_startup_objects()
+        assert gc.get_threshold() == default
+    finally:
+        gc.set_threshold(*default)
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize(
+    ("argv0", "worker"),
+    [
+        ("/venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py", True),
+        ("/venv/bin/relax", False),
+        ("/venv/bin/pytest", False),
+    ],
+)
+def test_only_ray_workers_count_as_such(monkeypatch, argv0, worker):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert gc_freeze.started_as_ray_worker() is worker
+
+
+def test_a_fresh_ray_worker_that_imports_relax_collects_less_until_its_role_is_built(ray_cluster):
+    import ray
+
+    # a runtime env of its own: a fresh worker process, not one that imported Relax for an earlier test
+    env = {"env_vars": {"RELAX_TEST_FRESH_WORKER": uuid.uuid4().hex}}
+    actor = ray.remote(StartupProbe).options(runtime_env=env).remote()
+    try:
+        before, during, after = ray.get(actor.thresholds.remote(), timeout=120)
+    finally:
+        ray.kill(actor)
+    assert before == after and before[0] < gc_freeze.STARTUP_GEN0_THRESHOLD
+    assert during == (gc_freeze.STARTUP_GEN0_THRESHOLD, *before[1:])
