@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -232,38 +231,64 @@ class SimulatedCluster:
         )
 
     def _start_ray(self) -> None:
-        ray = str(Path(sys.executable).parent / "ray")
-        for h, cpus, labels, res in zip(self.hosts, self.cpus, self.labels, self.resources, strict=True):
-            args = [
-                ray,
-                "start",
-                f"--node-ip-address={h.address}",
-                f"--num-cpus={cpus}",
-                "--num-gpus=0",
-                f"--temp-dir={h.temp_dir}",
-                "--disable-usage-stats",
-                "--object-store-memory=300000000",
-            ]
-            if labels:
-                args.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
-            if res:
-                args.append("--resources=" + json.dumps(res))
-            if h.index == 1:
-                args += [
-                    "--head",
-                    f"--port={RAY_PORT}",
-                    f"--dashboard-host={h.address}",
-                    f"--dashboard-port={DASHBOARD_PORT}",
-                    "--include-dashboard=true",
-                ]
-            else:
-                args.append(f"--address={self.address}")
-            done = self.run(h.index, args, timeout_s=180)
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"ray start on host {h.index} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-                )
+        """The head, then the other hosts side by side (each `ray start` is seconds of Python imports
+        and process launches, mostly waiting on one core)."""
+        starts = [self._ray_start_argv(i) for i in range(len(self.hosts))]
+        self._check_started(1, self.run(1, starts[0], timeout_s=180))
+        procs = [
+            (
+                h.index,
+                subprocess.Popen(
+                    self._argv(h, argv),
+                    cwd=self.workdir,
+                    env=self.env(),
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                ),
+            )
+            for h, argv in zip(self.hosts[1:], starts[1:], strict=True)
+        ]
+        for index, proc in procs:
+            out, err = proc.communicate(timeout=180)
+            self._check_started(index, subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
         self.wait_for_nodes(len(self.hosts))
+
+    @staticmethod
+    def _check_started(index: int, done: subprocess.CompletedProcess) -> None:
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"ray start on host {index} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
+
+    def _ray_start_argv(self, i: int) -> list[str]:
+        """`ray start` for host `i` (0-based): the head, or a node that joins it."""
+        h, labels, res = self.hosts[i], self.labels[i], self.resources[i]
+        args = [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            f"--node-ip-address={h.address}",
+            f"--num-cpus={self.cpus[i]}",
+            "--num-gpus=0",
+            f"--temp-dir={h.temp_dir}",
+            "--disable-usage-stats",
+            "--object-store-memory=300000000",
+        ]
+        if labels:
+            args.append("--labels=" + ",".join(f"{k}={v}" for k, v in labels.items()))
+        if res:
+            args.append("--resources=" + json.dumps(res))
+        if h.index == 1:
+            args += [
+                "--head",
+                f"--port={RAY_PORT}",
+                f"--dashboard-host={h.address}",
+                f"--dashboard-port={DASHBOARD_PORT}",
+                "--include-dashboard=true",
+            ]
+        else:
+            args.append(f"--address={self.address}")
+        return args
 
     def wait_for_nodes(self, n: int, timeout_s: float = 120) -> None:
         code = (
@@ -279,20 +304,17 @@ class SimulatedCluster:
             raise RuntimeError(f"{alive} of {n} Ray nodes alive:\n{done.stderr[-3000:]}")
 
     def close(self) -> None:
-        """Stop the hosts' processes (SIGTERM, then SIGKILL after 10 s), remove the namespaces. Never raises.
+        """Kill the hosts' processes (SIGKILL: the cluster is thrown away, and a graceful stop waited 10 s
+        for a process that ignored SIGTERM), remove the namespaces. Never raises.
 
         Not `ray stop`: it finds Ray's processes by name across the whole machine (a network namespace
         does not hide processes), so it also killed the test session's own Ray cluster, and the pytest
         process with it (Ray's driver exits when its raylet dies) at the next test that used Ray."""
-        for ns in reversed(self._made):
-            _kill_all(ns, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-            _ip("netns", "pids", ns, check=False).stdout.split() for ns in self._made
-        ):
+        # again until none is left: a raylet may start a worker while its neighbours are killed
+        while sum(_kill_all(ns) for ns in reversed(self._made)) and time.monotonic() < deadline:
             time.sleep(0.2)
         for ns in reversed(self._made):
-            _kill_all(ns)
             _ip("netns", "del", ns, check=False)
         self._made.clear()
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
