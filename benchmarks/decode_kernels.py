@@ -30,6 +30,12 @@ shapes of Qwen2.5-0.5B (14 / 2 heads of 64), Qwen2.5-1.5B (12 / 2 of 128) and Qw
 128, 64 rows: 8 images x 8 samples); prints the engine's choice and the fastest five per shape:
 
     python benchmarks/decode_kernels.py --step-sweep
+
+Split-K matrix products (`--split-k`): cuBLAS (`torch.mm`, `addmm_`) against a Triton product split
+over K into 1-8 float32 partials that a second kernel sums in order (the residual added there), at the
+small products of the 0.5B and 1.5B decode steps:
+
+    python benchmarks/decode_kernels.py --split-k --rows 256
 """
 
 from __future__ import annotations
@@ -271,6 +277,115 @@ def paged_sweep() -> None:
         print(json.dumps(paged_case(rows, L, g)), flush=True)
 
 
+def triton_split_k():
+    """A [M, K] x [N, K]^T product split over K: each of `splits` programs along the third grid axis
+    writes its partial sum to a float32 workspace [splits, M, N], and a second kernel adds the splits
+    in a fixed order (deterministic, unlike atomics), the residual when asked, and casts. At M = 256
+    the products of N = 896 or 1,152 columns have only 14-18 output tiles of 128 x 64 for 132 SMs."""
+    import triton
+    import triton.language as tl
+
+    configs = [
+        triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_stages=st, num_warps=wp)
+        for bm in (64, 128)
+        for bn in (64, 128)
+        for bk in (64, 128)
+        for st in (3, 4)
+        for wp in (4, 8)
+    ]
+
+    @triton.autotune(configs=configs, key=["M", "N", "K", "SPLITS"])
+    @triton.jit
+    def partial(
+        a_ptr,
+        w_ptr,
+        ws_ptr,
+        M,
+        N,
+        K,
+        SPLITS: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+    ):
+        pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        per = tl.cdiv(tl.cdiv(K, BK), SPLITS) * BK
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(pid_k * per, tl.minimum(K, (pid_k + 1) * per), BK):
+            ks = k0 + rk
+            a = tl.load(
+                a_ptr + rm[:, None] * K + ks[None, :], mask=(rm[:, None] < M) & (ks[None, :] < K), other=0.0
+            )
+            w = tl.load(
+                w_ptr + rn[None, :] * K + ks[:, None], mask=(rn[None, :] < N) & (ks[:, None] < K), other=0.0
+            )
+            acc = tl.dot(a, w, acc)
+        ptrs = ws_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
+        tl.store(ptrs, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    @triton.jit
+    def reduce(ws_ptr, c_ptr, MN, SPLITS: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < MN
+        acc = tl.zeros((BLOCK,), tl.float32)
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(ws_ptr + s * MN + offs, mask=inside, other=0.0)
+        if ACC:
+            acc += tl.load(c_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=inside)
+
+    workspaces: dict[tuple, torch.Tensor] = {}
+
+    def run(a, w, c, accumulate: bool, splits: int) -> None:
+        M, K = a.shape
+        N = w.shape[0]
+        key = (splits, M, N)
+        if key not in workspaces:
+            workspaces[key] = torch.empty(splits, M, N, device=a.device, dtype=torch.float32)
+        ws = workspaces[key]
+        grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]), splits)  # noqa: E731
+        partial[grid](a, w, ws, M, N, K, SPLITS=splits)
+        reduce[(triton.cdiv(M * N, 1024),)](ws, c, M * N, SPLITS=splits, ACC=accumulate, BLOCK=1024)
+
+    return run
+
+
+def split_k_sweep(M: int) -> None:
+    """cuBLAS against the split-K kernel at each small product of the 0.5B and 1.5B decode step."""
+    shapes = {
+        "0.5B qkv": (896, 1152),
+        "0.5B o": (896, 896),
+        "0.5B down": (4864, 896),
+        "0.5B gate_up": (896, 9728),
+        "1.5B qkv": (1536, 2048),
+        "1.5B o": (1536, 1536),
+        "1.5B down": (8960, 1536),
+        "1.5B gate_up": (1536, 17920),
+    }
+    tri = triton_split_k()
+    torch.manual_seed(0)
+    for name, (K, N) in shapes.items():
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+        c = torch.zeros(M, N, device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(a, w).float()
+        floor = max(2 * M * N * K / 989e12, 2 * N * K / 4.8e12) * 1e6
+        row = {"shape": name, "K": K, "N": N, "floor_us": round(floor, 2)}
+        row["cublas_us"] = round(graph_time_us(lambda: torch.mm(a, w.t(), out=c)), 2)  # noqa: B023
+        row["cublas_addmm_us"] = round(graph_time_us(lambda: c.addmm_(a, w.t())), 2)  # noqa: B023
+        for splits in (1, 2, 4, 8):
+            tri(a, w, c, False, splits)
+            torch.cuda.synchronize()
+            err = float((c.float() - ref).abs().max())
+            row[f"split{splits}_us"] = round(graph_time_us(lambda: tri(a, w, c, False, splits)), 2)  # noqa: B023
+            row[f"split{splits}_add_us"] = round(graph_time_us(lambda: tri(a, w, c, True, splits)), 2)  # noqa: B023
+            row[f"split{splits}_err"] = round(err, 3)
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=256)
@@ -278,7 +393,11 @@ def main() -> None:
     ap.add_argument("--attention", action="store_true", help="sweep the decode attention's settings")
     ap.add_argument("--paged", action="store_true", help="the attention step over slots and block tables")
     ap.add_argument("--step-sweep", action="store_true", help="the attention step's settings per shape")
+    ap.add_argument("--split-k", action="store_true", help="cuBLAS against a split-K Triton product")
     args = ap.parse_args()
+    if args.split_k:
+        split_k_sweep(args.rows)
+        return
     if args.step_sweep:
         step_sweep()
         return
