@@ -3,7 +3,9 @@
 
 * `HeartbeatBoard` is a named Ray actor (no CPU reserved). Ages are measured on the board's own clock,
   so the clocks of other processes do not matter.
-* A sender inside a Ray actor hands the board its actor handle with its first beat. A beat that is late
+* A sender inside a Ray actor hands the board its actor handle, pickled, with its first beat: the board
+  unpickles it only to ping, because unpickling a handle loads the sender's class (for a Serve replica,
+  `ray.serve` and its imports: most of the board's start-up CPU). A beat that is late
   (`snapshot(probe_after_s)`) is not yet a failure: a busy process beats late. But the board then asks
   Ray whether the sender's actor is alive (a ping to it), and a dead one is reported at once (`dead`),
   so a killed role is found within a few heartbeat intervals rather than after
@@ -37,14 +39,15 @@ class HeartbeatBoard:
 
     def __init__(self) -> None:
         self.beats: dict[str, dict[str, Any]] = {}
-        self.actors: dict[tuple[str, str], Any] = {}  # (name, incarnation) -> the sender's actor handle
+        # (name, incarnation) -> the sender's actor handle, pickled until the first ping unpickles it
+        self.actors: dict[tuple[str, str], Any] = {}
         self.pings: dict[tuple[str, str], Any] = {}  # (name, incarnation) -> a ping not answered yet
         self.dead: set[tuple[str, str]] = set()  # senders whose actor Ray reported dead
 
     def beat(
-        self, name: str, incarnation: str, pid: int, info: dict | None = None, actor: Any = None
+        self, name: str, incarnation: str, pid: int, info: dict | None = None, actor: bytes | None = None
     ) -> None:
-        """`actor`: the sender's own actor handle (its first beat; None outside an actor)."""
+        """`actor`: the sender's own actor handle, pickled (its first beat; None outside an actor)."""
         old = self.beats.get(name)
         if old is not None and old["incarnation"] != incarnation:
             self._forget_incarnation(name, old["incarnation"])
@@ -84,6 +87,7 @@ class HeartbeatBoard:
         """Ping the actors of `names`; an actor Ray reports dead is marked so. An actor that is alive but
         busy leaves its ping pending: only Ray's word makes a sender dead."""
         import ray
+        from ray import cloudpickle
         from ray.exceptions import ActorDiedError
 
         asked: dict[Any, tuple[str, str]] = {}
@@ -91,6 +95,8 @@ class HeartbeatBoard:
             key = (name, self.beats[name]["incarnation"]) if name in self.beats else None
             if key is None or key in self.dead or (actor := self.actors.get(key)) is None:
                 continue
+            if isinstance(actor, bytes):
+                actor = self.actors[key] = cloudpickle.loads(actor)
             if (ping := self.pings.get(key)) is None:
                 ping = self.pings[key] = actor.__ray_ready__.remote()
             asked[ping] = key
@@ -192,12 +198,13 @@ class Heartbeat:
         self._stop.set()
 
 
-def _own_actor() -> Any:
-    """This process's Ray actor handle, or None outside an actor (a driver, a test)."""
+def _own_actor() -> bytes | None:
+    """This process's Ray actor handle, pickled, or None outside an actor (a driver, a test)."""
     try:
         import ray
+        from ray import cloudpickle
 
-        return ray.get_runtime_context().current_actor
+        return cloudpickle.dumps(ray.get_runtime_context().current_actor)
     except Exception:  # noqa: BLE001 - not in an actor, or Ray is not initialised
         return None
 

@@ -115,6 +115,39 @@ def test_a_killed_role_fails_before_its_timeout_and_a_late_one_does_not(health):
             ray.kill(a)
 
 
+def test_the_board_loads_a_senders_class_only_to_ping_it(health, tmp_path):
+    """A handle unpickled loads its actor's class, and a Serve replica's class brings `ray.serve` (most
+    of the board's start-up CPU, once per run): the board keeps each handle pickled until a late beat
+    makes it ping. The sender's class notes every process that loads it."""
+    import ray
+
+    from relax.ops.heartbeat import get_board
+
+    loads = tmp_path / "loads"
+
+    class Noted:
+        def __init_subclass__(cls, **kwargs) -> None:  # runs wherever the subclass is unpickled
+            super().__init_subclass__(**kwargs)
+            with open(loads, "a") as f:
+                f.write(f"{os.getpid()}\n")
+
+    class Beater(Noted):
+        def __init__(self) -> None:
+            self.heartbeat = Heartbeat("actor", 60.0).start()
+
+    health.ops = OpsConfig(heartbeat_interval_s=0.2)  # late after 0.4 s
+    actor = ray.remote(num_cpus=0)(Beater).remote()
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=60)
+        board_pid = ray.get(get_board().__ray_call__.remote(lambda board: os.getpid()), timeout=30)
+        assert str(board_pid) not in loads.read_text().split()  # taken and kept, not unpickled
+        time.sleep(0.5)  # the beat is late: the next snapshot pings the sender, so the board loads it
+        assert health.failures() == {}
+        assert str(board_pid) in loads.read_text().split()
+    finally:
+        ray.kill(actor)
+
+
 def test_check_state_leaves_a_dead_stateless_role_to_the_in_place_restart(health):
     import ray
 
