@@ -32,17 +32,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # tests by RELAX_TEST_QUEUE: "e2e" the end-to-end tests (marked slow) one after another, "unit" the
 # component tests. (End-to-end files at the end of the unit queue, beside the e2e queue's learning runs,
 # gained nothing: two learning runs at once each took about twice as long; docs/testing.md.) The e2e
-# queue starts with the files whose in-process runs mostly wait (kills and replacements, eval), which
-# overlap the component tests (they want the cores too). Runs that start Ray nodes of their own never run
-# beside the component tests: Ray gives a new node 30 s to register with its GCS, and beside a learning
-# run and the component tests one did not. The simulated hosts (four nodes registering) end the e2e queue
-# and wait until the unit queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it
-# ends). The `relax train` children of `CHILD_RUNS` mostly wait (a grace, a signal, a child's start: the
-# cores 55-65% busy alone), so the unit queue takes them after its component tests (`_unit_tail`),
-# beside the e2e queue's in-process runs, whose idle share they fill.
+# queue starts with the files whose in-process runs mostly wait (kills and
+# replacements, eval), which overlap the component tests (they want the cores too); the runs that start a
+# Ray cluster of their own (a `relax train` child, the simulated hosts) come last and wait until the unit
+# queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it ends): Ray gives a new node
+# 30 s to register with its GCS, and beside a learning run and the component tests one did not.
 WAITING_FIRST = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
-SIMULATED_HOSTS = ("tests/cluster/test_multi_host.py", "tests/cluster/test_cluster_shapes.py")
-CHILD_RUNS = (
+OWN_RAY_LAST = (
+    "tests/cluster/test_multi_host.py",
+    "tests/cluster/test_cluster_shapes.py",
     "tests/e2e/test_interrupt.py",
     "tests/e2e/test_security_e2e.py",
     "tests/entrypoints/test_wheel_install.py",
@@ -52,20 +50,15 @@ UNIT_DONE_WAIT_S = 1800  # the unit queue takes ~10 minutes; a crashed one is wa
 
 def _e2e_rank(item: pytest.Item) -> int:
     name = _file(item)
-    return 0 if name in WAITING_FIRST else 2 if name in SIMULATED_HOSTS else 1
+    return 0 if name in WAITING_FIRST else 2 if name in OWN_RAY_LAST else 1
 
 
 def _file(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def _unit_tail(item: pytest.Item) -> bool:
-    """A test of `CHILD_RUNS` whose runs are all child processes (none in the session's cluster)."""
-    return _file(item) in CHILD_RUNS and "ray_cluster" not in getattr(item, "fixturenames", ())
-
-
 def _in_e2e_queue(item: pytest.Item) -> bool:
-    return item.get_closest_marker("slow") is not None and not _unit_tail(item)
+    return item.get_closest_marker("slow") is not None
 
 
 def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
@@ -75,8 +68,8 @@ def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
     dropped = [item for item, mine in zip(items, e2e, strict=True) if mine != (queue == "e2e")]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    # stable sorts: each file's tests stay together
-    keep.sort(key=_e2e_rank if queue == "e2e" else _unit_tail)
+    if queue == "e2e":  # a stable sort: each file's tests stay together
+        keep.sort(key=_e2e_rank)
     items[:] = keep
 
 
@@ -84,11 +77,10 @@ _unit_queue_waited = False
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before the e2e queue's first simulated hosts, wait for the unit queue to end (see above)."""
+    """Before the e2e queue's first own-Ray run, wait for the unit queue to end (see above)."""
     global _unit_queue_waited
     done = os.environ.get("RELAX_TEST_UNIT_DONE")
-    in_e2e_queue = os.environ.get("RELAX_TEST_QUEUE") == "e2e"
-    if _unit_queue_waited or not done or not in_e2e_queue or _file(item) not in SIMULATED_HOSTS:
+    if _unit_queue_waited or not done or _file(item) not in OWN_RAY_LAST:
         return
     _unit_queue_waited = True
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")
