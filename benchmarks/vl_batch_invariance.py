@@ -16,6 +16,8 @@ import torch
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("vl_batch_invariance.py measures cuBLAS's reductions: it needs a CUDA GPU")
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from benchmarks.vl_gpu import TEXT_3B, VISION_3B
