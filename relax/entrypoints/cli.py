@@ -32,7 +32,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         # SIGTERM / Ctrl-C: the first asks the run to stop, the second stops at once (KeyboardInterrupt)
-        with stop_on_signals(StopRequest()) as stop:
+        # (once the run ended on a stop, a further signal ends the process at once: Ray's shutdown at exit
+        # may take seconds)
+        with stop_on_signals(StopRequest(), for_the_process=True) as stop:
             step = Controller(cfg, resume=args.resume, stop=stop).run()
     # HubError, DataError: a Hub model or data set the driver cannot resolve or read (before Ray starts)
     except (PreflightError, RoleStartError, CheckpointError, FileExistsError, HubError, DataError) as e:

@@ -1,7 +1,8 @@
 """SIGTERM and Ctrl-C (SIGINT) during `relax train`: the first asks the run to stop (a `StopRequest`,
 relax/orchestration/stop.py: the start ends, or the step in flight finishes within `ops.stop_grace_s`
 and its checkpoint is saved); the second stops at once (`KeyboardInterrupt` in the main thread, and the
-process exits after `HARD_EXIT_S` even if the clean-up hangs in a call to Ray).
+process exits after `HARD_EXIT_S` even if the clean-up hangs in a call to Ray). For the command line
+also after the run has ended on the first, while the process is on its way out.
 """
 
 from __future__ import annotations
@@ -24,9 +25,14 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def stop_on_signals(stop: StopRequest) -> Iterator[StopRequest]:
+def stop_on_signals(stop: StopRequest, for_the_process: bool = False) -> Iterator[StopRequest]:
     """While inside: SIGINT and SIGTERM request `stop`, a second one stops at once. The handlers the
-    process had are put back on the way out. Starting Ray keeps them (`service.start_ray`)."""
+    process had are put back on the way out. Starting Ray keeps them (`service.start_ray`).
+
+    `for_the_process`: for a process that ends with this block (the command line). Once a stop was
+    requested, the process is on its way out, maybe for seconds in Ray's shutdown at exit: from the way
+    out on, a further signal exits at once with `EXIT_CODE`, as the second signal promises, instead of
+    meeting the process's old handler (the default one kills it: exit status -15, not 130)."""
 
     def handler(signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
@@ -42,5 +48,14 @@ def stop_on_signals(stop: StopRequest) -> Iterator[StopRequest]:
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, old[0])
-        signal.signal(signal.SIGTERM, old[1])
+        if for_the_process and stop.requested:
+            signal.signal(signal.SIGINT, _exit_at_once)
+            signal.signal(signal.SIGTERM, _exit_at_once)
+        else:
+            signal.signal(signal.SIGINT, old[0])
+            signal.signal(signal.SIGTERM, old[1])
+
+
+def _exit_at_once(signum: int, frame: object) -> None:
+    os.write(2, f"relax train: {signal.Signals(signum).name} again: stopped at once\n".encode())
+    os._exit(EXIT_CODE)

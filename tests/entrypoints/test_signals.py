@@ -1,6 +1,7 @@
 """`relax train`'s signal handling (relax/entrypoints/signals.py) in this process: the first SIGTERM or
 Ctrl-C requests a stop and says what it does, the second raises KeyboardInterrupt and arms the hard exit;
-the process's own handlers come back afterwards, and starting Ray keeps a handler the process installed.
+the process's own handlers come back afterwards (for the command line, once a stop ended the run, a further
+signal exits at once with 130), and starting Ray keeps a handler the process installed.
 The whole run's behaviour is covered by tests/e2e/test_interrupt.py."""
 
 from __future__ import annotations
@@ -47,6 +48,39 @@ def test_the_first_signal_requests_a_stop_and_the_second_stops_at_once(sig, no_h
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), sig)
         assert [(t, args) for t, _, args in Timer.armed] == [(signals.HARD_EXIT_S, (130,))]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+class Exited(Exception):
+    pass
+
+
+def test_after_a_run_the_command_line_stopped_a_further_signal_exits_at_once(no_hard_exit, monkeypatch):
+    """`relax train`'s block ends on the first SIGTERM and the process heads for its exit (Ray's shutdown
+    can take seconds): the operator's second signal there exits with 130, not by the default handler."""
+    exits = []
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise Exited
+
+    monkeypatch.setattr(signals.os, "_exit", fake_exit)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with signals.stop_on_signals(StopRequest(), for_the_process=True):
+            os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(Exited):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert exits == [130]
+        with pytest.raises(Exited):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert exits == [130, 130]
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+    # a run that ended without a stop puts the process's handlers back, as in-process callers need
+    with signals.stop_on_signals(StopRequest(), for_the_process=True):
+        pass
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
