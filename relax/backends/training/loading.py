@@ -12,6 +12,7 @@ from torch import nn
 
 from relax.config import TrainerConfig
 from relax.models.multimodal_model import load_causal_lm
+from relax.models.numerics import use_float32_reductions
 
 logger = logging.getLogger(__name__)
 
@@ -20,12 +21,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def resolve_device(name: str) -> torch.device:
     """`auto` -> cuda when this process sees a GPU, else cpu; any other name as given. On a GPU the
-    process's attention kernels are set for training (`use_flash_attention`)."""
+    process's attention kernels are set for training (`use_flash_attention`) and its products reduce
+    as the engine's do (`relax.models.numerics`)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda":
         use_flash_attention()
+        use_float32_reductions()
     return device
 
 

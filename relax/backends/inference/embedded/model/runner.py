@@ -41,6 +41,7 @@ from relax.backends.inference.embedded.model.lean_decoder import LeanDecoder
 from relax.backends.inference.embedded.model.paged_kv_cache import PagedKVCache
 from relax.engine_api.protocol import version_to_engine
 from relax.models import multimodal_model as mmm
+from relax.models.numerics import use_float32_reductions
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class ModelRunner:
     ) -> None:
         self.model_path = str(model_path)
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            use_float32_reductions()  # the trainer's products, reduced alike (relax/models/numerics.py)
         kwargs = {"dtype": resolve_dtype(dtype)}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
