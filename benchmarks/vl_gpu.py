@@ -302,6 +302,8 @@ def main() -> None:
         # vision tower), the others from its decode steps: where the two sides part is told by which
         first_gap.append(max(float(d[0]) for d in gap))
         later_gap += [d[1:] for d in gap]
+        logger.info("step %d: engine-vs-trainer log-prob gap max %.4f (first token %.4f)", step + 1, diffs[-1],
+                    first_gap[-1])  # fmt: skip
         if cuda:
             torch.cuda.synchronize()
         train_s.append(time.perf_counter() - t)
