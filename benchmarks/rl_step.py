@@ -251,6 +251,8 @@ def report(
         "logp_gap_max": [round(r.get("train/rollout_logp_abs_diff_max", float("nan")), 4) for r in rows],
         "reward": [round(r["rollout/reward_mean"], 4) for r in rows],
         "step_s": [round(r["perf/step_time_s"], 3) for r in rows],
+        # rows the engine preempted for want of KV memory (a ceiling too low for the workload), per step
+        "engine_preempted": [r.get("rollout/engine_preempted") for r in rows],
         "wall_s": round(time.perf_counter() - t1, 1),
         "model_write_s": round(write_s, 1),
         "profile": str(out / "profile"),

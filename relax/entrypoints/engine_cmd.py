@@ -52,7 +52,19 @@ def add_engine_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present).")
     serve.add_argument("--max-running", type=int, default=64, help="Max sequences decoded together.")
-    serve.add_argument("--max-total-tokens", type=int, default=262144, help="KV cache budget in tokens.")
+    serve.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="KV cache ceiling in tokens; the cache grows up to it (default: --kv-memory-fraction of the GPU's "
+        "memory, 262144 on the CPU).",
+    )
+    serve.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        default=0.25,
+        help="Without --max-total-tokens, the share of the GPU's memory the KV cache may grow to.",
+    )
     serve.add_argument(
         "--disable-prefix-cache",
         "--disable-radix-cache",  # SGLang's name for it
@@ -104,6 +116,7 @@ def serve_command(args: argparse.Namespace) -> int:
         device=args.device,
         max_running=args.max_running,
         max_total_tokens=args.max_total_tokens,
+        kv_memory_fraction=args.kv_memory_fraction,
         enable_prefix_cache=not args.disable_prefix_cache,
         chunked_prefill_size=args.chunked_prefill_size,
         max_context_len=args.max_context_len,

@@ -28,6 +28,7 @@ from relax.dataplane.plane import DataPlane, PlaneClient, RowWriter
 from relax.engine_api.protocol import version_to_engine
 from relax.fleet.fleet import EngineFleet
 from relax.rewards import build_scorer
+from relax.rollout.engine_stats import EngineStats
 from relax.rollout.evaluator import Evaluator
 from relax.rollout.ledger import StepLedger
 from relax.rollout.loop import RolloutLoop
@@ -60,6 +61,7 @@ class RolloutRole(PlaneClient):
         self.source = PromptSource(rows, shuffle=cfg.data.shuffle, seed=cfg.run.seed)
         self.fleet = EngineFleet(cfg)
         self.router = self.fleet.router
+        self.engine_stats = EngineStats()
         scorer = build_scorer(cfg.reward)
         self.loop = RolloutLoop(cfg, self.tokenizer, self.router, scorer, agent_factory(cfg, self.tokenizer))
         self.evaluator = Evaluator(cfg, self.loop)
@@ -181,7 +183,11 @@ class RolloutRole(PlaneClient):
             "rollout/aborted_requests": float(self.loop.inflight.num_aborted),
             DROPPED_METRIC: float(self.dropped_overlong),
         }
-        return self.ledger.collect(step, extra)
+        metrics = self.ledger.collect(step, extra)
+        # the engines' prefix-cache hits and preemptions since the last step's figures, in either order
+        engines = [(e.url, e.client) for e in self.router.engines.values()]
+        metrics.update(await self.engine_stats.step_metrics(engines))
+        return metrics
 
     async def check(self) -> None:
         """Raise the background rollout's failure, if it failed."""

@@ -60,3 +60,5 @@ def test_algorithm_runs_end_to_end(name, ray_cluster, shared_engine, tiny_model_
     for r in rows:
         assert math.isfinite(r["train/loss"]) and math.isfinite(r["train/grad_norm"]), r
         assert r["weight_version"] == r["step"]
+        # the engine's own counters, scraped each step (relax/rollout/engine_stats.py): a roomy pool
+        assert r["rollout/engine_preempted"] == 0 and 0 <= r["rollout/engine_cache_hit_rate"] <= 1, r

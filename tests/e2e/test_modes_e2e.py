@@ -80,6 +80,7 @@ def test_mode_learns(ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp
     # tests/toy_arith.yaml on the 0.16 M model: over 30 steps the window means rise by 0.05-0.25
     assert last > first + 0.03, (mode, algorithm, rewards)
     assert max(r["staleness/max"] for r in rows) <= cfg.schedule.max_staleness
+    assert all(r["rollout/engine_preempted"] == 0 for r in rows)  # the engines' counters reach the run
     if mode == "hybrid":  # ops.keep_checkpoints=2 keeps steps 20 and 30
         for step in (20, 30):
             source = json.loads((ckpt.step_dir(cfg.run.run_dir, step) / "rollout.json").read_text())["source"]

@@ -91,11 +91,35 @@ class EngineBackend:
         )
 
 
+def workload_tokens(cfg: RelaxConfig) -> int:
+    """The most tokens a run's requests can hold in one engine at once: every running row at the longest
+    prompt plus the longest response budget of training and eval (an agent's includes the environment's
+    tokens). An overestimate (a group's samples share their prompt's blocks), so the KV ceiling derived
+    from it never preempts a workload that would have fit."""
+    r = cfg.rollout
+    budgets = [r.max_new_tokens, *(s.max_new_tokens or 0 for s in cfg.eval.sets)]
+    if r.agent.kind != "single_turn":
+        budgets.append(r.agent.max_total_tokens)
+    return r.engine_max_running * (cfg.data.max_prompt_len + max(budgets))
+
+
+def shares_gpu_with_trainer(cfg: RelaxConfig) -> bool:
+    """Colocate on GPUs: each engine takes turns with a training rank on one GPU."""
+    r = cfg.resources
+    return cfg.schedule.mode == "colocate" and (r.engine_gpus or 0) > 0 and (r.trainer_gpus or 0) > 0
+
+
 def engine_kwargs(cfg: RelaxConfig) -> dict[str, Any]:
     """What every embedded engine of the run is started with (besides its model folder)."""
     return {
         "dtype": cfg.model.dtype,
         "max_running": cfg.rollout.engine_max_running,
+        "max_total_tokens": cfg.rollout.engine_max_total_tokens,
+        "kv_memory_fraction": cfg.rollout.engine_kv_memory_fraction,
+        "workload_tokens": workload_tokens(cfg),
+        # beside a training rank on its GPU the pool is allocated whole at start: the rank plans its memory
+        # around what the engine holds when it first runs, so a pool that grew later would not fit
+        "kv_preallocate": shares_gpu_with_trainer(cfg),
         "threads": cfg.rollout.engine_threads,
         "enable_prefix_cache": cfg.rollout.engine_prefix_cache,
         "chunked_prefill_size": cfg.rollout.engine_chunked_prefill_size,

@@ -123,6 +123,19 @@ class RolloutConfig(Section):
     engine_urls: list[str] = Field(default_factory=list, description="Engine base URLs (external mode).")
     engine_max_running: int = Field(256, gt=0, description="Max concurrently decoded requests per engine.")
     engine_threads: int = Field(2, gt=0, description="torch intra-op threads of each embedded engine (CPU).")
+    engine_max_total_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Embedded engines' KV cache ceiling in tokens; the pool grows up to it as tokens arrive and "
+        "preempts rows past it (None: engine_kv_memory_fraction of the GPU's memory, 262144 on the CPU).",
+    )
+    engine_kv_memory_fraction: float = Field(
+        0.25,
+        gt=0,
+        le=0.95,
+        description="With engine_max_total_tokens=None, the share of its GPU's memory an embedded engine's KV "
+        "cache may grow to (in colocate the training rank plans around what the engine holds).",
+    )
     engine_prefix_cache: bool = Field(
         True,
         description="Embedded engines reuse the KV of prompt prefixes across requests (GRPO groups sent "

@@ -36,6 +36,11 @@ from relax.backends.inference.embedded.model.prompt_logprobs import PromptLogpro
 from relax.backends.inference.embedded.model.runner import ModelRunner
 from relax.backends.inference.embedded.sampling.grammar import Grammar, GrammarCompiler
 from relax.backends.inference.embedded.scheduling.chunked_prefill import default_chunk_size
+from relax.backends.inference.embedded.scheduling.kv_budget import (
+    KV_MEMORY_FRACTION,
+    default_max_total_tokens,
+    kv_bytes_per_token,
+)
 from relax.backends.inference.embedded.scheduling.scheduler import Scheduler
 from relax.backends.inference.embedded.scheduling.sequence import GenerationResult, OnToken, RequestGroup
 from relax.engine_api.protocol import (
@@ -65,6 +70,9 @@ class EngineMetrics:
     prefill_tokens_computed: int = 0  # prompt tokens prefilled (once per prompt, not per sample)
     prefill_tokens_submitted: int = 0  # prompt tokens admitted (likewise)
     prefix_cache_tokens: int = 0  # tokens held by the prefix cache
+    preempted_total: int = 0  # running sequences preempted for want of KV blocks (recomputed later)
+    prefix_hit_tokens: int = 0  # prompt tokens served by the prefix cache
+    prefix_lookup_tokens: int = 0  # prompt tokens looked up in it
 
     @property
     def kv_usage(self) -> float:
@@ -79,7 +87,10 @@ class EmbeddedEngine:
         device: str | None = None,
         dtype: str = "auto",
         max_running: int = 64,
-        max_total_tokens: int = 262144,
+        max_total_tokens: int | None = None,
+        kv_memory_fraction: float = KV_MEMORY_FRACTION,
+        workload_tokens: int | None = None,
+        kv_preallocate: bool = False,
         max_prefill_tokens: int = 16384,
         max_context_len: int | None = None,
         seed: int | None = None,
@@ -104,7 +115,10 @@ class EmbeddedEngine:
         longer prompt prefilled in chunks with decode steps of the running batch between them
         (`chunked_prefill.py`; None: 8192 on CUDA, 512 on the CPU; 0 or less: off). `use_lean`: run the
         model's decoder through `LeanDecoder` where it supports the model (False: the `transformers`
-        forward, for comparisons)."""
+        forward, for comparisons). `max_total_tokens`: the ceiling the KV pool may grow to, in tokens (None:
+        `kv_memory_fraction` of the GPU's memory, 262,144 tokens on the CPU, and no more than
+        `workload_tokens`, the most the caller's workload can hold at once; `kv_budget.py`).
+        `kv_preallocate`: allocate the whole pool at start (an engine beside a trainer on one GPU)."""
         self.weight_join_timeout_s = weight_join_timeout_s
         if threads:
             torch.set_num_threads(threads)
@@ -121,6 +135,12 @@ class EmbeddedEngine:
         self.max_context_len = min(
             max_context_len or self.runner.max_context_len, self.runner.max_context_len
         )
+        if max_total_tokens is None:
+            cache = self.runner.cache
+            per_token = kv_bytes_per_token(cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.dtype)
+            max_total_tokens = default_max_total_tokens(self.runner.device, per_token, kv_memory_fraction)
+            if workload_tokens:
+                max_total_tokens = min(max_total_tokens, workload_tokens)
         self.scheduler = Scheduler(
             self.runner,
             max_running=max_running,
@@ -133,6 +153,8 @@ class EmbeddedEngine:
             if chunked_prefill_size is None
             else chunked_prefill_size,
         )
+        if kv_preallocate:
+            self.runner.cache.preallocate()
         # A lone request is always admitted, whatever its size, so `n` above the batch would allocate
         # KV rows past `max_running`: refused up front instead.
         self.max_n = max(1, min(max_n or max_running, max_running))
@@ -504,4 +526,7 @@ class EmbeddedEngine:
             prefill_tokens_computed=self.scheduler.prefill_computed,
             prefill_tokens_submitted=self.scheduler.prefill_submitted,
             prefix_cache_tokens=prefix.tokens if prefix is not None else 0,
+            preempted_total=self.scheduler.preempted,
+            prefix_hit_tokens=prefix.hit_tokens if prefix is not None else 0,
+            prefix_lookup_tokens=prefix.lookup_tokens if prefix is not None else 0,
         )

@@ -56,6 +56,19 @@ class EngineCollector(Collector):
             m.prefill_tokens_computed,
         )
         yield gauge("relax:prefix_cache_tokens", "Tokens held by the prefix cache.", m.prefix_cache_tokens)
+        yield counter(
+            "relax:prefix_cache_hit_tokens", "Prompt tokens served by the prefix cache.", m.prefix_hit_tokens
+        )
+        yield counter(
+            "relax:prefix_cache_lookup_tokens",
+            "Prompt tokens looked up in the prefix cache.",
+            m.prefix_lookup_tokens,
+        )
+        yield counter(
+            "relax:preempted_requests",
+            "Running sequences preempted for want of KV blocks (recomputed when readmitted).",
+            m.preempted_total,
+        )
         yield gauge("relax:engine_paused", "1 while generation is paused.", float(m.paused))
         yield counter("sglang:generation_tokens", "Generated tokens.", m.generated_tokens_total)
         yield counter("sglang:prompt_tokens", "Prompt tokens received (times n).", m.prompt_tokens_total)

@@ -109,6 +109,11 @@ class PagedKVCache:
     def set_budget(self, max_tokens: int) -> None:
         self.max_blocks = max(_blocks_for(max_tokens, self.block), 2) + 1
 
+    def preallocate(self) -> None:
+        """Allocate the whole budget now rather than as tokens arrive: for an engine that shares its GPU
+        with a trainer, which plans its memory around what the engine holds when it first runs."""
+        self._grow(self.max_blocks)
+
     def used_blocks(self) -> int:
         """Blocks held by rows or the prefix cache."""
         return max(self.num_blocks - 1, 0) - len(self.free)

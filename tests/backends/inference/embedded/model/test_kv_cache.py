@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
+from relax.backends.inference.embedded.http.metrics import render_metrics
 from relax.backends.inference.embedded.model.paged_kv_cache import BLOCK, PagedKVCache
+from relax.rollout.engine_stats import parse_engine_metrics
 
 
 def _cache(max_tokens: int = 64 * BLOCK) -> PagedKVCache:
@@ -141,6 +143,9 @@ def _outputs(model_dir, overlap: bool, device: str = "cpu", **kw) -> tuple[list[
         futures.append(e.submit([7, 8, 9], {**SEEDED, "n": 3}))
         e.resume()
         outs = [r.output_ids for f in futures for r in f.result(timeout=300)]
+        # the count the scheduler keeps is the one /metrics reports (and the run's metrics read)
+        exposed = parse_engine_metrics(render_metrics(e)[0].decode())["preempted"]
+        assert exposed == e.scheduler.preempted == e.metrics().preempted_total
         return outs, e.scheduler.preempted
     finally:
         e.shutdown()

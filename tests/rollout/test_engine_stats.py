@@ -1,0 +1,83 @@
+"""The engines' prefix-cache hits and preemptions as per-step run metrics, scraped from `/metrics`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from relax.rollout import engine_stats
+from relax.rollout.engine_stats import EngineStats, parse_engine_metrics
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_step_reports_the_hits_of_its_own_requests(engine_server, client):
+    """Scraped from the session's engine server: the second request with the same 40-token prompt finds
+    its two full blocks cached, and the step's hit rate counts only the requests since the last scrape."""
+    stats = EngineStats()
+    engines = [(engine_server.url, client)]
+    run(stats.step_metrics(engines))  # the baseline: whatever the session's other tests sent
+    vocab = engine_server.engine.runner.vocab_size
+    prompt = random.Random().sample(range(8, vocab), 40)  # no other test's prefix
+    params = {"max_new_tokens": 2, "ignore_eos": True}
+    run(client.generate(prompt, params))
+    run(client.generate(prompt, params))
+    step = run(stats.step_metrics(engines))
+    assert step["rollout/engine_preempted"] == 0
+    # 80 tokens looked up; the second request finds the first's two full blocks (its last token is
+    # always computed)
+    assert step["rollout/engine_cache_hit_rate"] == pytest.approx(32 / 80)
+    again = run(stats.step_metrics(engines))
+    assert "rollout/engine_cache_hit_rate" not in again  # nothing looked up since
+
+
+class Fake:
+    def __init__(self, texts):
+        self.texts = list(texts)
+
+    async def metrics_text(self) -> str:
+        text = self.texts.pop(0)
+        if text is None:
+            await asyncio.sleep(3600)  # an engine that does not answer
+        if isinstance(text, Exception):
+            raise text
+        return text
+
+
+def exposition(hit: float, lookup: float, preempted: float) -> str:
+    return (
+        f'relax:prefix_cache_hit_tokens_total{{model_name="m"}} {hit}\n'
+        f'relax:prefix_cache_lookup_tokens_total{{model_name="m"}} {lookup}\n'
+        f'relax:preempted_requests_total{{model_name="m"}} {preempted}\n'
+    )
+
+
+def test_deltas_over_engines_a_restart_and_engines_that_fail_or_hang(monkeypatch):
+    monkeypatch.setattr(engine_stats, "SCRAPE_TIMEOUT_S", 0.2)
+    a = Fake([exposition(10, 100, 1), exposition(40, 200, 4), exposition(5, 10, 0)])
+    b = Fake([exposition(0, 0, 0), ConnectionError("refused"), None])
+    stats = EngineStats()
+    engines = [("http://a", a), ("http://b", b)]
+    run(stats.step_metrics(engines))
+    # a: 30 of 100 hit, 3 preempted; b refused the scrape and is left out of the step
+    assert run(stats.step_metrics(engines)) == {
+        "rollout/engine_preempted": 3.0,
+        "rollout/engine_cache_hit_rate": 0.3,
+    }
+    # a restarted (its counters fell): counted from zero; b hangs and is left out
+    assert run(stats.step_metrics(engines)) == {
+        "rollout/engine_preempted": 0.0,
+        "rollout/engine_cache_hit_rate": 0.5,
+    }
+    assert run(EngineStats().step_metrics([("http://c", Fake([OSError("down")]))])) == {}
+
+
+def test_an_sglang_engine_reports_its_cumulative_hit_rate():
+    text = 'sglang:cache_hit_rate{model_name="m"} 0.75\nsglang:num_running_reqs{model_name="m"} 3\n'
+    assert parse_engine_metrics(text) == {"hit_rate": 0.75}
+    step = run(EngineStats().step_metrics([("http://s", Fake([text]))]))
+    assert step == {"rollout/engine_preempted": 0.0, "rollout/engine_cache_hit_rate": 0.75}
