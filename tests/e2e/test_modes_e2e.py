@@ -72,6 +72,10 @@ def test_mode_learns(ray_cluster, shared_engine, tiny_model_dir, arith_file, tmp
     extra = [f"algorithm.name={algorithm}", *(HYBRID_CHECKPOINTS if mode == "hybrid" else [])]
     if mode != "colocate":  # colocate learns on its own embedded engine, the quickstart's path
         extra += shared_engine.overrides()  # the session's engine server (tests/conftest.py)
+    if mode != "fully_async":
+        # TransferQueue (the default plane) carries colocate in the quickstart run (test_train_e2e.py) and
+        # hybrid in the completion-order run below; here it would only add its two actors (docs/testing.md)
+        extra.append("schedule.data_plane=ray")
     cfg = mode_config(tiny_model_dir, arith_file, tmp_path, mode, steps=30, extra=extra)
     assert Controller(cfg).run() == 30
     rows = read_metrics(cfg)
