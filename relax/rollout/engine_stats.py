@@ -63,7 +63,8 @@ class EngineStats:
             now = parse_engine_metrics(text)
             answered = True
             last = self._last.get(url, {})
-            if any(now.get(k, 0.0) < v for k, v in last.items()):  # a restarted engine counts from zero
+            # a restarted engine counts from zero again (the counters only; SGLang's hit rate is a ratio)
+            if any(now.get(k, 0.0) < last.get(k, 0.0) for k in COUNTERS.values()):
                 last = {}
             self._last[url] = now
             if "lookup" in now:

@@ -20,7 +20,9 @@ def test_a_step_reports_the_hits_of_its_own_requests(engine_server, client):
     its two full blocks cached, and the step's hit rate counts only the requests since the last scrape."""
     stats = EngineStats()
     engines = [(engine_server.url, client)]
-    run(stats.step_metrics(engines))  # the baseline: whatever the session's other tests sent
+    # the baseline: whatever the session's other tests sent (its cumulative hit rate falls with the two
+    # requests below, which must not read as a restarted engine's counters)
+    assert run(stats.step_metrics(engines))
     vocab = engine_server.engine.runner.vocab_size
     prompt = random.Random().sample(range(8, vocab), 40)  # no other test's prefix
     params = {"max_new_tokens": 2, "ignore_eos": True}
@@ -49,17 +51,19 @@ class Fake:
 
 
 def exposition(hit: float, lookup: float, preempted: float) -> str:
+    """A Relax engine's counters, with SGLang's cumulative hit rate beside them (as /metrics has it)."""
     return (
         f'relax:prefix_cache_hit_tokens_total{{model_name="m"}} {hit}\n'
         f'relax:prefix_cache_lookup_tokens_total{{model_name="m"}} {lookup}\n'
         f'relax:preempted_requests_total{{model_name="m"}} {preempted}\n'
+        f'sglang:cache_hit_rate{{model_name="m"}} {hit / lookup if lookup else 0.0}\n'
     )
 
 
 def test_deltas_over_engines_a_restart_and_engines_that_fail_or_hang(monkeypatch):
     monkeypatch.setattr(engine_stats, "SCRAPE_TIMEOUT_S", 0.2)
-    a = Fake([exposition(10, 100, 1), exposition(40, 200, 4), exposition(5, 10, 0)])
-    b = Fake([exposition(0, 0, 0), ConnectionError("refused"), None])
+    a = Fake([exposition(10, 100, 1), exposition(40, 200, 4), exposition(41, 300, 4), exposition(5, 10, 0)])
+    b = Fake([exposition(0, 0, 0), ConnectionError("refused"), None, exposition(0, 0, 0)])
     stats = EngineStats()
     engines = [("http://a", a), ("http://b", b)]
     run(stats.step_metrics(engines))
@@ -68,7 +72,12 @@ def test_deltas_over_engines_a_restart_and_engines_that_fail_or_hang(monkeypatch
         "rollout/engine_preempted": 3.0,
         "rollout/engine_cache_hit_rate": 0.3,
     }
-    # a restarted (its counters fell): counted from zero; b hangs and is left out
+    # a: 1 of 100 (its cumulative rate fell from 0.2 to 0.137, which is no restart); b hangs, left out
+    assert run(stats.step_metrics(engines)) == {
+        "rollout/engine_preempted": 0.0,
+        "rollout/engine_cache_hit_rate": pytest.approx(0.01),
+    }
+    # a restarted (its counters fell): counted from zero
     assert run(stats.step_metrics(engines)) == {
         "rollout/engine_preempted": 0.0,
         "rollout/engine_cache_hit_rate": 0.5,
