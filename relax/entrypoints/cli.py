@@ -22,7 +22,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"relax train: {e}", file=sys.stderr)
         return 2
     from relax.data.dataset import DataError
-    from relax.entrypoints.signals import stop_on_signals
+    from relax.entrypoints.signals import exit_after_stop, stop_on_signals
     from relax.orchestration.checkpoint import CheckpointError
     from relax.orchestration.controller import Controller
     from relax.orchestration.preflight import PreflightError
@@ -42,7 +42,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 1
     except RunStopped as e:
         print(f"relax train: {e}", file=sys.stderr)
-        return 130
+        exit_after_stop(130)
     except KeyboardInterrupt:  # the second SIGTERM / Ctrl-C: the run stopped at once
         print(
             "relax train: stopped at once by a second signal (no checkpoint of the step in flight)",
@@ -55,6 +55,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(130)
     logger.info("done at step %d; run folder: %s", step, cfg.run.run_dir)
+    if stop.requested:  # the run ended on a stop signal: exit with its handlers on (signals.py)
+        exit_after_stop(0)
     return 0
 
 

@@ -7,12 +7,15 @@ also after the run has ended on the first, while the process is on its way out.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 from relax.orchestration.stop import StopRequest
 
@@ -59,3 +62,21 @@ def stop_on_signals(stop: StopRequest, for_the_process: bool = False) -> Iterato
 def _exit_at_once(signum: int, frame: object) -> None:
     os.write(2, f"relax train: {signal.Signals(signum).name} again: stopped at once\n".encode())
     os._exit(EXIT_CODE)
+
+
+def exit_after_stop(code: int) -> NoReturn:
+    """The command line's exit after a stop signal: what the interpreter's exit would do (join the
+    threads, run the exit hooks: Ray's disconnect, the run's secrets folder), with the stop handlers
+    still installed, then end the process without the rest. The interpreter's finalization puts the
+    default signal handlers back, and Ray's C++ teardown runs after it: a further signal in that stretch
+    killed the process (exit -15) where a second signal promises 130."""
+    # the interpreter's own first step at exit: stop the thread pools' idle workers (their exit hooks),
+    # then join the threads that are not daemons; joining alone would wait on the idle workers forever
+    shutdown_threads = getattr(threading, "_shutdown", None)
+    if shutdown_threads is not None:
+        shutdown_threads()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

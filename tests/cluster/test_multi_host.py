@@ -260,7 +260,9 @@ def test_too_small_a_cluster_and_two_sigterms_at_start_stop_the_run(cluster, wor
         if proc.poll() is None:
             proc.kill()
     text = log.read_text()
-    assert "SIGTERM again: stopping now" in text, text[-3000:]
+    # the second SIGTERM met the start (stopping now), the way out (stopped at once), or, when the first
+    # had ended the start within the half second, a process already gone: 130 each time
+    assert "stop requested while roles" in text or "SIGTERM again" in text, text[-3000:]
     assert not rows(workdir / "runs" / "sigterm")
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -82,6 +85,39 @@ def test_after_a_run_the_command_line_stopped_a_further_signal_exits_at_once(no_
     with signals.stop_on_signals(StopRequest(), for_the_process=True):
         pass
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+# A process that stopped on SIGTERM and then exits. Its C-level exit hook blocks in pause() until a
+# signal comes: it stands for Ray's C++ teardown, which runs after the interpreter's finalization has put
+# the default handlers back (where a further SIGTERM killed `relax train` with -15 instead of 130).
+EXITING = textwrap.dedent(
+    """
+    import atexit, ctypes, os, signal, sys
+    from pathlib import Path
+    from relax.entrypoints.signals import exit_after_stop, stop_on_signals
+    from relax.orchestration.stop import StopRequest
+
+    from concurrent.futures import ThreadPoolExecutor
+    ThreadPoolExecutor(1).submit(int).result()  # an idle pool worker, as the run's clients leave them
+    libc = ctypes.CDLL(None)
+    libc.__cxa_atexit(libc.pause, None, None)
+    atexit.register(Path(sys.argv[1]).write_text, "ran")  # Python's exit hooks (Ray's disconnect) still run
+    with stop_on_signals(StopRequest(), for_the_process=True):
+        os.kill(os.getpid(), signal.SIGTERM)
+    exit_after_stop(130)
+    """
+)
+
+
+def test_the_command_lines_exit_after_a_stop_runs_the_exit_hooks_and_skips_the_teardown(tmp_path):
+    flag = tmp_path / "hooks"
+    proc = subprocess.Popen([sys.executable, "-c", EXITING, str(flag)])
+    try:  # a process that reached the C-level hook would wait there for a signal: a timeout here
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert flag.read_text() == "ran"
 
 
 def test_a_stop_once_steps_run_says_the_step_finishes_first(no_hard_exit, caplog):
