@@ -59,13 +59,16 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0  # Ray token auth stays on: Relax set
 build_docs() { bash scripts/docs.sh 2>&1 | sed -u "s/^/[docs] /"; return "${PIPESTATUS[0]}"; }
 
 # Two pytest processes side by side: the end-to-end tests (marked slow) one after another in the first,
-# the component tests in the second (tests/conftest.py picks each queue's tests by RELAX_TEST_QUEUE). An end-to-end run leaves part of the two cores idle while it waits
-# (deploys, health checks, the steps it paces, a child process's Ray starting), and the component tests
-# fill that; two end-to-end runs at once would each take twice as long (they are CPU-bound while their
-# roles start) and strain their deadlines (docs/testing.md). Each process has its own session Ray
-# cluster; their output lines are prefixed [e2e] and [unit]. One process runs where the arguments pick
-# the tests (a path, -m, -k), or with RELAX_TEST_SPLIT=0; RELAX_TEST_WORKERS=N runs N pytest-xdist
-# workers instead.
+# the component tests in the second (tests/conftest.py picks each queue's tests by RELAX_TEST_QUEUE). An
+# end-to-end run leaves part of the two cores idle while it waits (deploys, health checks, the steps it
+# paces, a child process's Ray starting), and the component tests fill that; two end-to-end runs at once
+# would each take twice as long (they are CPU-bound while their roles start) and strain their deadlines
+# (docs/testing.md). When the component tests (and the docs) are done, the second process's place runs
+# a third queue, "cli": the `relax train` children (SIGTERM, Ctrl-C, the wheel), once the first has
+# reached its runs on simulated hosts; both kinds of runs leave a core partly idle alone, and side by
+# side they fill the two. Each process has its own Ray clusters; their output lines are prefixed [e2e],
+# [unit] and [cli]. One process runs where the arguments pick the tests (a path, -m, -k), or with
+# RELAX_TEST_SPLIT=0; RELAX_TEST_WORKERS=N runs N pytest-xdist workers instead.
 args=()
 [ "$FULL" = 1 ] && args+=(--full)
 split=${RELAX_TEST_SPLIT:-1}
@@ -93,22 +96,31 @@ run_pytest() { # NAME ARGS...: pytest, its lines prefixed with [NAME]; exit code
 status=0
 set +e
 if [ "$split" = 1 ]; then
-  # the e2e queue's own-Ray runs wait for this file, which the unit queue leaves when it ends
-  export RELAX_TEST_UNIT_DONE
+  # the e2e queue's own-Ray runs wait for the first file, which the unit queue leaves when it ends; the
+  # cli queue waits for the second, which the e2e queue leaves when it reaches them (or ends)
+  export RELAX_TEST_UNIT_DONE RELAX_TEST_E2E_OWN_RAY
   RELAX_TEST_UNIT_DONE=$(mktemp -u "${TMPDIR:-/tmp}/relax-unit-done.XXXXXX")
-  RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 "${args[@]}" "$@" &
+  RELAX_TEST_E2E_OWN_RAY=$(mktemp -u "${TMPDIR:-/tmp}/relax-e2e-own-ray.XXXXXX")
+  (
+    RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 "${args[@]}" "$@"
+    rc=$?
+    touch "$RELAX_TEST_E2E_OWN_RAY"
+    exit "$rc"
+  ) &
   e2e=$!
   (
     RELAX_TEST_QUEUE=unit run_pytest unit -ra --durations=20 "${args[@]}" "$@"
     rc=$?
     build_docs || rc=1
     touch "$RELAX_TEST_UNIT_DONE"
+    while [ ! -e "$RELAX_TEST_E2E_OWN_RAY" ]; do sleep 1; done
+    RELAX_TEST_QUEUE=cli run_pytest cli -ra -v --durations=20 "${args[@]}" "$@" || rc=1
     exit "$rc"
   ) &
   unit=$!
   wait "$e2e" || status=$?
   wait "$unit" || status=$?
-  rm -f "$RELAX_TEST_UNIT_DONE"
+  rm -f "$RELAX_TEST_UNIT_DONE" "$RELAX_TEST_E2E_OWN_RAY"
 else
   build_docs || status=1
   run_pytest tests -ra --durations=20 "${args[@]}" "$@" || status=$?

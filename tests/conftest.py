@@ -28,15 +28,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# scripts/test.sh runs the suite as two pytest processes side by side (docs/testing.md), each picking its
+# scripts/test.sh runs the suite as pytest processes side by side (docs/testing.md), each picking its
 # tests by RELAX_TEST_QUEUE: "e2e" the end-to-end tests (marked slow) one after another, "unit" the
-# component tests. (End-to-end files at the end of the unit queue, beside the e2e queue's learning runs,
-# gained nothing: two learning runs at once each took about twice as long; docs/testing.md.) The e2e
-# queue starts with the files whose in-process runs mostly wait (kills and
-# replacements, eval), which overlap the component tests (they want the cores too); the runs that start a
-# Ray cluster of their own (a `relax train` child, the simulated hosts) come last and wait until the unit
-# queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it ends): Ray gives a new node
-# 30 s to register with its GCS, and beside a learning run and the component tests one did not.
+# component tests, and "cli", after the unit queue, the `relax train` children.
+# (End-to-end files at the end of the unit queue, beside the e2e queue's learning runs, gained nothing:
+# two learning runs at once each took about twice as long; docs/testing.md.) The e2e queue starts with
+# the files whose in-process runs mostly wait (kills and replacements, eval), which overlap the component
+# tests (they want the cores too); the runs that start a Ray cluster of their own come last and wait
+# until the unit queue is done (RELAX_TEST_UNIT_DONE, a file scripts/test.sh writes when it ends): the
+# simulated hosts in the e2e queue, and beside them, in the "cli" queue, the `relax train` children
+# (SIGTERM, Ctrl-C, the wheel), which the unit queue's process starts once the e2e queue has reached its
+# own-Ray part (RELAX_TEST_E2E_OWN_RAY, written below). Those runs leave part of the two cores idle alone
+# (the cores 55-70% busy), and two of them side by side fill them; a Ray start beside a learning run
+# or the component tests may miss Ray's fixed 15 s for its dashboard agent, which Relax's own start
+# (relax/orchestration/local_ray.py) and the simulated hosts' (tests/cluster/netns.py) retry.
 WAITING_FIRST = ("tests/ops/test_faults_e2e.py", "tests/e2e/test_eval_e2e.py")
 OWN_RAY_LAST = (
     "tests/cluster/test_multi_host.py",
@@ -45,27 +50,39 @@ OWN_RAY_LAST = (
     "tests/e2e/test_security_e2e.py",
     "tests/entrypoints/test_wheel_install.py",
 )
+# the files of the "cli" queue: their tests that start `relax train` as a child (those on the session's
+# cluster, `ray_cluster`, stay in the e2e queue's in-process part)
+CLI_FILES = (
+    "tests/e2e/test_interrupt.py",
+    "tests/e2e/test_security_e2e.py",
+    "tests/entrypoints/test_wheel_install.py",
+)
 UNIT_DONE_WAIT_S = 1800  # the unit queue takes ~10 minutes; a crashed one is waited for no longer
 
 
+def _own_ray(item: pytest.Item) -> bool:
+    return _file(item) in OWN_RAY_LAST and "ray_cluster" not in getattr(item, "fixturenames", ())
+
+
 def _e2e_rank(item: pytest.Item) -> int:
-    name = _file(item)
-    return 0 if name in WAITING_FIRST else 2 if name in OWN_RAY_LAST else 1
+    return 0 if _file(item) in WAITING_FIRST else 2 if _own_ray(item) else 1
 
 
 def _file(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def _in_e2e_queue(item: pytest.Item) -> bool:
-    return item.get_closest_marker("slow") is not None
+def _queue_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("slow") is None:
+        return "unit"
+    return "cli" if _file(item) in CLI_FILES and _own_ray(item) else "e2e"
 
 
 def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
-    """Keep the tests of `queue` ("e2e" or "unit"), in the order described above; deselect the rest."""
-    e2e = [_in_e2e_queue(item) for item in items]
-    keep = [item for item, mine in zip(items, e2e, strict=True) if mine == (queue == "e2e")]
-    dropped = [item for item, mine in zip(items, e2e, strict=True) if mine != (queue == "e2e")]
+    """Keep the tests of `queue` ("e2e", "unit" or "cli"), in the order described above; deselect the
+    rest."""
+    keep = [item for item in items if _queue_of(item) == queue]
+    dropped = [item for item in items if _queue_of(item) != queue]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     if queue == "e2e":  # a stable sort: each file's tests stay together
@@ -73,14 +90,24 @@ def _queue(config: pytest.Config, items: list[pytest.Item], queue: str) -> None:
     items[:] = keep
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The "cli" queue imports only its own test files (its process starts beside other work)."""
+    name = collection_path.name
+    if os.environ.get("RELAX_TEST_QUEUE") != "cli" or not (name.startswith("test_") and name.endswith(".py")):
+        return None
+    rel = collection_path.resolve().relative_to(Path(__file__).resolve().parents[1]).as_posix()
+    return True if rel not in CLI_FILES else None
+
+
 _unit_queue_waited = False
+_own_ray_reached = False
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the e2e queue's first own-Ray run, wait for the unit queue to end (see above)."""
     global _unit_queue_waited
     done = os.environ.get("RELAX_TEST_UNIT_DONE")
-    if _unit_queue_waited or not done or _file(item) not in OWN_RAY_LAST:
+    if _unit_queue_waited or not done or not _own_ray(item) or os.environ.get("RELAX_TEST_QUEUE") != "e2e":
         return
     _unit_queue_waited = True
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")
@@ -95,9 +122,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             reporter.write_line(f"waited {waited:.0f} s for the unit queue ({ended})")
 
 
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """Once the e2e queue's first own-Ray test has set up (the simulated hosts' Ray nodes are up), the
+    "cli" queue may start: two Ray clusters starting at once on two cores miss Ray's start-up window."""
+    global _own_ray_reached
+    marker = os.environ.get("RELAX_TEST_E2E_OWN_RAY")
+    if _own_ray_reached or not marker or not _own_ray(item) or os.environ.get("RELAX_TEST_QUEUE") != "e2e":
+        return
+    _own_ray_reached = True
+    Path(marker).touch()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     queue = os.environ.get("RELAX_TEST_QUEUE")
-    if queue in ("e2e", "unit"):
+    if queue in ("e2e", "unit", "cli"):
         _queue(config, items, queue)
     if config.getoption("--full"):
         return

@@ -137,7 +137,10 @@ def _init_ray(
         nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]
         logger.info("joined the Ray cluster at %s: %d node(s) %s", address, len(nodes), nodes)
     else:
-        context = ray.init(
+        from relax.orchestration.local_ray import init_local_ray
+
+        # started again when a busy machine makes Ray's node time out during startup (local_ray.py)
+        context = init_local_ray(
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             object_store_memory=object_store_mb * 1024 * 1024,

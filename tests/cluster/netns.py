@@ -29,6 +29,7 @@ PREFIX = "relaxmh"
 SUBNET = "198.18.0"
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
+START_ATTEMPTS = 3  # `ray start` per host (see SimulatedCluster._check_started)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -254,8 +255,15 @@ class SimulatedCluster:
             self._check_started(index, subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
         self.wait_for_nodes(len(self.hosts))
 
-    @staticmethod
-    def _check_started(index: int, done: subprocess.CompletedProcess) -> None:
+    def _check_started(self, index: int, done: subprocess.CompletedProcess) -> None:
+        """A host whose node timed out during startup (Ray's raylet gives its dashboard agent a fixed 15 s,
+        which a busy machine misses: relax/orchestration/local_ray.py) is started again after its
+        namespace's leftover processes are killed, up to START_ATTEMPTS times; other failures raise."""
+        for _ in range(START_ATTEMPTS - 1):
+            if done.returncode == 0 or "timed out during startup" not in done.stdout + done.stderr:
+                break
+            _kill_all(self.hosts[index - 1].ns)
+            done = self.run(index, self._ray_start_argv(index - 1), timeout_s=180)
         if done.returncode != 0:
             raise RuntimeError(
                 f"ray start on host {index} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
