@@ -145,7 +145,13 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--profile-step", type=int, default=None, help="profile this step (default warmup + 1)")
+    p.add_argument(
+        "--profile-step",
+        type=int,
+        default=None,
+        help="profile this step (default warmup + 1; 0: none); the profiler slows its step, which the "
+        "medians leave out",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--out", default=None, help="where the trace and the run go (default: a temporary dir)")
     p.add_argument("--base-config", default="examples/quickstart.yaml")
@@ -155,9 +161,10 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.INFO)
     out = Path(args.out or tempfile.mkdtemp(prefix="relax-rl-step-"))
     out.mkdir(parents=True, exist_ok=True)
-    profile_step = args.profile_step or args.warmup + 1
-    os.environ["RELAX_PROFILE_STEPS"] = str(profile_step)  # read by the training rank (Ray passes it on)
-    os.environ["RELAX_PROFILE_DIR"] = str(out / "profile")
+    args.profile_step = args.warmup + 1 if args.profile_step is None else args.profile_step
+    if args.profile_step > 0:  # read by the training rank (Ray passes them on)
+        os.environ["RELAX_PROFILE_STEPS"] = str(args.profile_step)
+        os.environ["RELAX_PROFILE_DIR"] = str(out / "profile")
 
     cuda = args.device == "cuda"
     dtype = "bfloat16" if cuda else "float32"
@@ -216,7 +223,8 @@ def report(
     cuda: bool,
 ) -> None:
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    steady = rows[args.warmup :] or rows
+    # the profiled step runs 2.5-3x slower (the profiler records every kernel of the rank): not steady
+    steady = [r for r in rows[args.warmup :] if r["step"] != args.profile_step] or rows[args.warmup :] or rows
     tokens = [
         r["rollout/num_samples"] * (r["rollout/prompt_len_mean"] + r["rollout/response_len_mean"])
         for r in steady
@@ -233,6 +241,8 @@ def report(
         "params": n_params,
         "steps": last,
         "warmup": args.warmup,
+        "profiled_step": args.profile_step or None,
+        "steady_steps": [r["step"] for r in steady],
         "tokens_per_step": tok,
         "generated_tokens_per_step": statistics.median(
             r["rollout/num_samples"] * r["rollout/response_len_mean"] for r in steady
@@ -260,7 +270,8 @@ def report(
         "overrides": args.set,
     }
     print(f"\n{args.preset}: {n_params / 1e6:.0f} M parameters, {tok:.0f} tokens a step "
-          f"(medians of steps {args.warmup + 1}-{last})")  # fmt: skip
+          f"(medians of steps {result['steady_steps']}"
+          + (f"; step {args.profile_step} profiled, left out)" if args.profile_step else ")"))  # fmt: skip
     for name, v in phases.items():
         if v is not None:
             print(f"  {name:<22}{v:8.3f} s")
