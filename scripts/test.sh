@@ -64,8 +64,8 @@ build_docs() { bash scripts/docs.sh 2>&1 | sed -u "s/^/[docs] /"; return "${PIPE
 # paces, a child process's Ray starting), and the component tests fill that; two end-to-end runs at once
 # would each take twice as long (they are CPU-bound while their roles start) and strain their deadlines
 # (docs/testing.md). When the component tests (and the docs) are done, the second process's place runs
-# a third queue, "cli": the `relax train` children (SIGTERM, Ctrl-C, the wheel), once the first has
-# reached its runs on simulated hosts; both kinds of runs leave a core partly idle alone, and side by
+# a third queue, "cli": the `relax train` children of SIGTERM and Ctrl-C, once the first has reached its
+# runs on simulated hosts; both kinds of runs leave a core partly idle alone, and side by
 # side they fill the two. Each process has its own Ray clusters; their output lines are prefixed [e2e],
 # [unit] and [cli]. One process runs where the arguments pick the tests (a path, -m, -k), or with
 # RELAX_TEST_SPLIT=0; RELAX_TEST_WORKERS=N runs N pytest-xdist workers instead.
