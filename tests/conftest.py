@@ -49,12 +49,18 @@ OWN_RAY_LAST = (
     "tests/e2e/test_interrupt.py",
     "tests/e2e/test_security_e2e.py",
     "tests/entrypoints/test_wheel_install.py",
+    "tests/orchestration/test_ray_token.py",
 )
 # the files of the "cli" queue: their tests that start `relax train` as a child (those on the session's
-# cluster, `ray_cluster`, stay in the e2e queue's in-process part). The wheel's run stays in the e2e
+# cluster, `ray_cluster`, stay in the e2e queue's in-process part), and the cluster Ray-token check, which
+# starts one in a child process of its own. The wheel's run stays in the e2e
 # queue, after the simulated hosts: there the two queues end about together (clean clones, 2026-12-06:
 # the cli queue with it ran ~80 s past the e2e queue's end).
-CLI_FILES = ("tests/e2e/test_interrupt.py", "tests/e2e/test_security_e2e.py")
+CLI_FILES = (
+    "tests/e2e/test_interrupt.py",
+    "tests/e2e/test_security_e2e.py",
+    "tests/orchestration/test_ray_token.py",
+)
 UNIT_DONE_WAIT_S = 1800  # the unit queue takes ~10 minutes; a crashed one is waited for no longer
 
 
