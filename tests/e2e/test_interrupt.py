@@ -23,6 +23,8 @@ pytestmark = pytest.mark.slow
 
 
 TOKEN = f"relax-interrupt-{uuid.uuid4().hex}"  # marks every process the run starts (Ray inherits env)
+# the stuck and stalled updates hang whatever they train on: step 1's rollout as small as it goes
+SMALL_STEP = ("rollout.prompts_per_step=4", "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=4")
 
 
 def _train(args, log, **extra_env: str):
@@ -102,6 +104,7 @@ def test_sigterm_during_a_stuck_step_stops_after_the_grace(tiny_model_dir, arith
         "ops.stop_grace_s=5",
         "schedule.debug_train_delay_s=600",
         "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+        *SMALL_STEP,
     )
     # once step 1's update has started (it sleeps 600 s: only the grace ends it), whatever the load; the
     # fault suite's phase hook (tests/faults/hook) marks the Actor's train_sync call in `fault_dir/hit`
@@ -139,6 +142,7 @@ def test_a_stalled_step_fails_the_run_naming_role_and_phase(
             "ops.max_global_restarts=0",
             "schedule.debug_train_delay_s=600",
             "schedule.data_plane=ray",  # spares TransferQueue's actors: not the subject (docs/testing.md)
+            *SMALL_STEP,
             *shared_engine.overrides(),  # the session's engine server (tests/conftest.py)
         ],
     )
