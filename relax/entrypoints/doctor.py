@@ -53,14 +53,17 @@ def run_doctor(check_ray: bool = True) -> int:
     )
     print(f"backends    torch (1 rank): usable; weight sync: {'nccl' if cuda else 'gloo'}")
     if check_ray:
+        from relax.orchestration.local_ray import init_local_ray
         from relax.orchestration.service import set_ray_env_defaults
 
         set_ray_env_defaults()
         import ray
 
         started = not ray.is_initialized()
-        if started:
-            ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        if started:  # started again if a busy machine makes its node time out (local_ray.py)
+            init_local_ray(
+                num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False
+            )
         print(f"\nray         nodes={len(ray.nodes())} resources={ray.cluster_resources()}")
         if started:
             ray.shutdown()
