@@ -97,18 +97,41 @@ def pad_ragged(
 
 
 def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Split sample indices into micro-batches whose padded size (count x longest) fits `max_tokens`.
+    """Split sample indices into as few micro-batches as fit `max_tokens` (padded size: count x longest),
+    as even as that count allows.
 
     Samples are sorted by length first, so each micro-batch holds similar lengths and little padding.
-    A single sample longer than the budget gets a micro-batch of its own.
+    A single sample longer than the budget gets a micro-batch of its own. Filling each micro-batch to
+    the budget would leave the rest of the step to the last one, often a sliver: a compiled trainer's
+    layers (`trainer.compile_layers`) then meet a much smaller shape than the others, and Inductor's
+    size guards recompile them (docs/gpus.md). So the count is the one the
+    budget needs, and the cut points are those of the smallest budget that still gives that count.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches = _fill(order, lengths, max_tokens)
+    if len(batches) < 2:
+        return batches
+    # A larger cap never gives more micro-batches (the cost of a run of sorted samples only grows as it
+    # extends), so the smallest cap with this count is found by bisection.
+    low, high = 1, max(max_tokens, 1)
+    while low < high:
+        mid = (low + high) // 2
+        if len(_fill(order, lengths, mid)) <= len(batches):
+            high = mid
+        else:
+            low = mid + 1
+    return _fill(order, lengths, high)
+
+
+def _fill(order: list[int], lengths: list[int], cap: int) -> list[list[int]]:
+    """`order`'s samples, in that order, filled into micro-batches of padded size up to `cap` (a sample
+    over it alone)."""
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
     for i in order:
         new_longest = max(longest, lengths[i])
-        if current and new_longest * (len(current) + 1) > max_tokens:
+        if current and new_longest * (len(current) + 1) > cap:
             batches.append(current)
             current, new_longest = [], lengths[i]
         current.append(i)
