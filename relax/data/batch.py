@@ -104,8 +104,8 @@ def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     A single sample longer than the budget gets a micro-batch of its own. Filling each micro-batch to
     the budget would leave the rest of the step to the last one, often a sliver: a compiled trainer's
     layers (`trainer.compile_layers`) then meet a much smaller shape than the others, and Inductor's
-    size guards recompile them (docs/gpus.md). So the count is the one the
-    budget needs, and the cut points are those of the smallest budget that still gives that count.
+    size guards recompile them (docs/gpus.md). So the count is the one the budget needs, and the cut
+    points are those of the smallest budget that still gives that count.
     """
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches = _fill(order, lengths, max_tokens)
