@@ -93,6 +93,21 @@ run_pytest() { # NAME ARGS...: pytest, its lines prefixed with [NAME]; exit code
   return "$rc"
 }
 
+# RELAX_TEST_CPU_LOG=FILE: each test appends its CPU-seconds to FILE (tests/cpu_log.py). Each pytest
+# process and all it starts (Ray, engines, children) are counted in a cgroup of its own, made here when
+# this script may (root, a writable cgroup tree); `python benchmarks/suite_cpu.py FILE` prints the tables.
+cpu_cgroup() { # NAME: move this (sub)shell into a fresh cgroup NAME when RELAX_TEST_CPU_LOG asks for it
+  [ -n "${RELAX_TEST_CPU_LOG:-}" ] || return 0
+  local base=/sys/fs/cgroup dir
+  [ -d $base/cpuacct ] && base=$base/cpuacct
+  dir=$base/relax-test-$1-$$
+  if mkdir -p "$dir" 2>/dev/null && echo "$BASHPID" >"$dir/cgroup.procs" 2>/dev/null; then
+    export RELAX_TEST_CPU_CGROUP=$dir
+  else
+    echo "[$1] no cgroup of its own (not root?): $RELAX_TEST_CPU_LOG gets wall times only" >&2
+  fi
+}
+
 status=0
 set +e
 if [ "$split" = 1 ]; then
@@ -102,6 +117,7 @@ if [ "$split" = 1 ]; then
   RELAX_TEST_UNIT_DONE=$(mktemp -u "${TMPDIR:-/tmp}/relax-unit-done.XXXXXX")
   RELAX_TEST_E2E_OWN_RAY=$(mktemp -u "${TMPDIR:-/tmp}/relax-e2e-own-ray.XXXXXX")
   (
+    cpu_cgroup e2e
     RELAX_TEST_QUEUE=e2e run_pytest e2e -ra -v --durations=20 "${args[@]}" "$@"
     rc=$?
     touch "$RELAX_TEST_E2E_OWN_RAY"
@@ -109,11 +125,13 @@ if [ "$split" = 1 ]; then
   ) &
   e2e=$!
   (
+    cpu_cgroup unit
     RELAX_TEST_QUEUE=unit run_pytest unit -ra --durations=20 "${args[@]}" "$@"
     rc=$?
     build_docs || rc=1
     touch "$RELAX_TEST_UNIT_DONE"
     while [ ! -e "$RELAX_TEST_E2E_OWN_RAY" ]; do sleep 1; done
+    cpu_cgroup cli
     RELAX_TEST_QUEUE=cli run_pytest cli -ra -v --durations=20 "${args[@]}" "$@" || rc=1
     exit "$rc"
   ) &
@@ -123,8 +141,12 @@ if [ "$split" = 1 ]; then
   rm -f "$RELAX_TEST_UNIT_DONE" "$RELAX_TEST_E2E_OWN_RAY"
 else
   build_docs || status=1
-  run_pytest tests -ra --durations=20 "${args[@]}" "$@" || status=$?
+  (
+    cpu_cgroup tests
+    run_pytest tests -ra --durations=20 "${args[@]}" "$@"
+  ) || status=$?
 fi
+[ -n "${RELAX_TEST_CPU_LOG:-}" ] && rmdir /sys/fs/cgroup/relax-test-*-$$ /sys/fs/cgroup/cpuacct/relax-test-*-$$ 2>/dev/null
 set -e
 if [ "$FULL" = 1 ]; then
   # every cell of the matrix, its table rewritten in docs/faults.md; then both cluster shapes ten times

@@ -28,6 +28,12 @@ os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")  # deploys sta
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.cpu_log import register
+
+    register(config)  # RELAX_TEST_CPU_LOG: CPU-seconds per test (tests/cpu_log.py)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--full", action="store_true", help="also run the tests marked `full` (beyond CI's time budget)"
