@@ -91,7 +91,7 @@ class Admission(BlockRows):
     def _to_compute(self, seq: Sequence) -> int:
         """Tokens a prefill of `seq` computes: its prompt past the prefix cache's hit."""
         ids = seq.prefill_ids()
-        cached = self.prefix.peek(ids, len(ids) - 1) * self.block if self.prefix is not None else 0
+        cached = self.prefix.peek(ids, len(ids) - 1, memo=seq) * self.block if self.prefix is not None else 0
         return len(ids) - cached
 
     def _admissible(self) -> bool:

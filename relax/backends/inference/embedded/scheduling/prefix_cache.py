@@ -58,6 +58,8 @@ class PrefixCache:
         self.kv = kv
         self.block = kv.block
         self.blocks: dict[tuple[int, tuple[int, ...]], _Block] = {}
+        self._at: dict[int, _Block] = {}  # pool block -> its cache entry (a cached block is one prefix's)
+        self._peeks: dict[object, tuple[int, int, int]] = {}  # `peek` memo; emptied when blocks come or go
         self._leaves: list[tuple[int, int, _Block]] = []  # heap of (stamp, id, block); see the docstring
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
@@ -86,6 +88,8 @@ class PrefixCache:
         for b in self.blocks.values():
             b.cached = False
         self.blocks.clear()
+        self._at.clear()
+        self._peeks.clear()
         self._leaves.clear()
 
     # -- lookup ----------------------------------------------------------------------------------
@@ -98,15 +102,27 @@ class PrefixCache:
         self.hit_tokens += len(chain) * self.block
         return [b.index for b in chain]
 
-    def peek(self, tokens: list[int], limit: int) -> int:
-        """How many blocks of `tokens` (no more than `limit` tokens) `match` would find; touches nothing."""
-        return len(self._walk(tokens, limit // self.block))
+    def peek(self, tokens: list[int], limit: int, memo: object = None) -> int:
+        """How many blocks of `tokens` (no more than `limit` tokens) `match` would find; touches nothing.
+        With `memo` (the waiting sequence asked about) the answer is kept until blocks are cached or
+        dropped: admission asks about the same queue entries several times a step (planning, then
+        taking them), and each walk of an agent's 6k-token history is 400 dictionary lookups."""
+        if memo is not None:
+            kept = self._peeks.get(memo)
+            if kept is not None and kept[:2] == (len(tokens), limit):
+                return kept[2]
+        n = len(self._walk(tokens, limit // self.block))
+        if memo is not None:
+            self._peeks[memo] = (len(tokens), limit, n)
+        return n
 
-    def _walk(self, tokens: list[int], max_blocks: int) -> list[_Block]:
-        chain: list[_Block] = []
-        parent = 0
+    def _walk(self, tokens: list[int], max_blocks: int, chain: list[_Block] | None = None) -> list[_Block]:
+        """The cached chain of `tokens`' first `max_blocks` blocks, looked up by token ids; `chain`: its
+        first blocks, already known."""
+        chain = chain if chain is not None else []
+        parent = chain[-1].id if chain else 0
         B = self.block
-        for i in range(max_blocks):
+        for i in range(len(chain), max_blocks):
             block = self.blocks.get((parent, tuple(tokens[i * B : (i + 1) * B])))
             if block is None:
                 break
@@ -139,7 +155,16 @@ class PrefixCache:
         """Cache the full blocks of `tokens`, whose KV is in `row_blocks` (a row's blocks in token order);
         returns the blocks added. A block already cached under the same key keeps the cached copy."""
         n = min(len(tokens) // self.block, len(row_blocks))
-        chain = self._walk(tokens, n)
+        # A row's leading blocks are mostly the cache's own (the hit it was admitted with, the prompt
+        # cached at its prefill): found by pool block, no token keys built; the token walk goes on past
+        # them (blocks another row computed for the same tokens are cached under its blocks).
+        chain: list[_Block] = []
+        for index in row_blocks[:n]:
+            block = self._at.get(index)
+            if block is None or block.parent is not (chain[-1] if chain else None):
+                break
+            chain.append(block)
+        chain = self._walk(tokens, n, chain)
         parent = chain[-1] if chain else None
         B = self.block
         new: list[_Block] = []
@@ -153,8 +178,11 @@ class PrefixCache:
             if parent is not None:
                 parent.children += 1
             self.blocks[key] = block
+            self._at[index] = block
             new.append(block)
             parent = block
+        if new:
+            self._peeks.clear()
         self._touch(chain + new)
         return len(new)
 
@@ -184,6 +212,8 @@ class PrefixCache:
 
     def _drop(self, block: _Block) -> None:
         del self.blocks[block.key]
+        del self._at[block.index]
+        self._peeks.clear()
         block.cached = False
         self.kv.unhold(block.index)
         self.evicted += 1

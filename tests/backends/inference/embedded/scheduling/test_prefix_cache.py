@@ -263,3 +263,54 @@ def test_evicting_long_chains_takes_one_heap_step_per_block(monkeypatch):
     assert cache.match(chains[0], len(chains[0])) == [] and cache.tokens == (n_chains - 1) * length * BLOCK
     # each block of the chain, and each held leaf looked at once per step at most: not once per block
     assert len(pops) <= length + n_chains * 2, len(pops)
+
+
+class _CountingDict(dict):
+    def __init__(self, *a) -> None:
+        super().__init__(*a)
+        self.gets = 0
+
+    def get(self, *a):
+        self.gets += 1
+        return super().get(*a)
+
+
+def test_insert_finds_a_rows_cached_head_by_block_and_a_duplicate_by_tokens():
+    """After a hit the row's leading blocks are the cache's: insert links past them without building a
+    token key for each (an agent's history is hundreds of blocks); a row that computed the same tokens in
+    blocks of its own adds none of them and leaves the cached copy in place."""
+    kv = PagedKVCache(1, 1, 2, torch.float32, torch.device("cpu"), max_context=8 * BLOCK)
+    cache = PrefixCache(kv)
+    a = list(range(6 * BLOCK))
+    kv.extend(0, len(a))
+    assert cache.insert(a, kv.rows[0]) == 6
+    longer = a + [7] * (2 * BLOCK)
+    kv.assign(1, cache.match(longer, len(longer)))  # the next turn: a's six blocks, then two of its own
+    kv.extend(1, len(longer))
+    cache.blocks = _CountingDict(cache.blocks)
+    assert cache.insert(longer, kv.rows[1]) == 2
+    assert cache.blocks.gets == 1  # past the six found by block: one token lookup, for the first new block
+    assert cache.match(longer, len(longer)) == kv.rows[1]
+    kv.extend(2, len(a))  # the same tokens as row 0, computed again in other blocks
+    assert cache.insert(a, kv.rows[2]) == 0
+    assert cache.tokens == 8 * BLOCK and cache.match(a, len(a)) == kv.rows[0]
+    cache.clear()
+    assert cache.insert(a, kv.rows[0]) == 6  # after a clear nothing is found by block
+    assert cache.match(a, len(a)) == kv.rows[0]
+
+
+def test_peek_keeps_its_answer_until_blocks_are_cached_or_dropped():
+    kv = PagedKVCache(1, 1, 2, torch.float32, torch.device("cpu"), max_context=8 * BLOCK)
+    cache = PrefixCache(kv)
+    a = list(range(4 * BLOCK))
+    asker = object()
+    assert cache.peek(a, len(a), memo=asker) == 0
+    kv.extend(0, len(a))
+    cache.insert(a, kv.rows[0])
+    assert cache.peek(a, len(a), memo=asker) == 4  # the insert forgot the answer
+    assert cache.peek(a, len(a) - 1, memo=asker) == 3  # another limit: asked again
+    kv.free_row(0)
+    cache.evict(1)
+    assert cache.peek(a, len(a), memo=asker) == 3  # the eviction forgot it too
+    cache.clear()
+    assert cache.peek(a, len(a), memo=asker) == 0
