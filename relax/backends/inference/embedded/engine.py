@@ -219,13 +219,17 @@ class EmbeddedEngine:
         one, `burst_max_s` at most) before its first step. A rollout sends a whole batch at once; taken as
         it trickles in, the first requests would be prefilled alone and decoded in small batches while
         the rest queue behind them, and the batch sizes would differ from one rollout to the next (new
-        CUDA graphs to capture). Costs an idle engine at most `burst_max_s` of first-token latency."""
+        CUDA graphs to capture). Costs an idle engine at most `burst_max_s` of first-token latency, and
+        nothing once the queue holds more than one step admits (64 agent turns sent one by one took the
+        whole window, the GPU idle, while their first 24 already filled the prefill budget)."""
         deadline = time.monotonic() + self.burst_max_s
         while time.monotonic() < deadline:
             time.sleep(self.burst_gap_s)
             if self._commands.empty():
                 return
             self._run_commands()
+            if self.scheduler.step_is_full():
+                return
 
     def _loop(self) -> None:
         try:

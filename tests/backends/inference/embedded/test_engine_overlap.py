@@ -166,6 +166,29 @@ def test_an_idle_engine_prefills_a_burst_together(tiny_model_dir):
         engine.shutdown()
 
 
+def test_gathering_a_burst_ends_once_the_queue_fills_a_step(tiny_model_dir):
+    """The burst window waits for a batch to arrive, not for requests that one step cannot take: with
+    room for 4 rows, the engine starts once a fifth request waits, while the rest still trickle in."""
+    import time
+
+    engine = EmbeddedEngine(str(tiny_model_dir), device="cpu", dtype="float32", max_running=4, seed=0)
+    engine.burst_gap_s, engine.burst_max_s = 0.05, 30.0  # the trickle below never pauses for 50 ms
+    futures: list = []
+    seen: list[int] = []  # requests submitted when each prefill ran
+    inner = engine.runner.prefill
+    engine.runner.prefill = lambda prompts, slots: seen.append(len(futures)) or inner(prompts, slots)
+    engine.start()
+    try:
+        params = {"max_new_tokens": 3, "temperature": 0.0, "ignore_eos": True}
+        for i in range(16):
+            futures.append(engine.submit(PROMPTS[i % len(PROMPTS)], params))
+            time.sleep(0.02)
+        [f.result(timeout=60) for f in futures]
+        assert seen and seen[0] < 16, seen  # the first prefill did not wait for the whole trickle
+    finally:
+        engine.shutdown()
+
+
 def test_a_push_while_generating_is_held_until_its_last_bucket(engines):
     """A push that arrives while the engine generates needs no pause: a bucket before the last is
     checked and held, and the last loads every bucket in one command between two steps, so no step runs

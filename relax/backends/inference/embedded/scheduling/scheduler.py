@@ -110,6 +110,11 @@ class Scheduler(Admission):
         """Requests wait and nothing runs."""
         return bool(self.waiting) and not self.running and self.inflight is None and self.chunked is None
 
+    def step_is_full(self) -> bool:
+        """Whether the next admission cannot take every waiting request (rows, memory or the prefill
+        budget stop it): more arrivals would only wait for a later step."""
+        return self._plan()[1] < len(self.waiting)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inflight or self.chunked)
 
