@@ -13,7 +13,14 @@ A multimodal model's step takes one more input, each row's rope delta (rotary po
 set by its prompt's mrope prefill; 0 for a text prompt): a static buffer like the tokens, filled every
 step, zero on padding rows (`rope_delta`; text-only models capture without it).
 
-Capture happens on first use of a bucket, on one side stream (the first capture is preceded by one eager
+A bucket seen for the first time replays the smallest captured graph that covers it (no fewer rows and
+columns; `stand_in`) rather than capturing, until it has been asked for `CAPTURE_AFTER` times: the
+partial batches of an admission (rows arriving over a few steps, at the next turn of 64 agent sessions)
+each ask for a shape once or twice, and a capture (~10 ms) costs several steps, while replaying a graph
+of more rows or columns costs a fraction of one (the extra rows decode in the trash row, the extra columns
+lie past every row's length). A shape that stays gets its own graph on its third step.
+
+Capture happens on first use of a bucket that nothing covers (or its third use), on one side stream (the first capture is preceded by one eager
 run there, so lazy initialisation stays out of the graphs). That eager run is the step's real inputs: a
 decode step is idempotent (it writes the same keys and values to the same columns), so running it again
 on replay is harmless.
@@ -22,7 +29,7 @@ on replay is harmless.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -33,6 +40,8 @@ logger = logging.getLogger(__name__)
 # `rows_B` of the cache, row b at rotary position pos_B[b] + rope_delta_B[b]
 DecodeForward = Callable[[Tensor, Tensor, Tensor, int, Tensor | None], Tensor]
 
+CAPTURE_AFTER = 3  # requests of an uncaptured bucket that a larger graph stands in for before its capture
+
 
 def bucket(n: int, smallest: int) -> int:
     """n rounded up to a multiple of max(smallest, 2^floor(log2(n - 1)) / 4): 4 sizes per doubling."""
@@ -40,6 +49,13 @@ def bucket(n: int, smallest: int) -> int:
         return smallest
     step = max(smallest, (1 << (n - 1).bit_length() - 1) // 4)
     return -(-n // step) * step
+
+
+def stand_in(captured: Iterable[tuple[int, int]], rows: int, columns: int) -> tuple[int, int] | None:
+    """The captured (rows, columns) bucket that covers (`rows`, `columns`) at the least cost, or None:
+    the fewest rows (the products' work follows them), then the fewest columns."""
+    covering = [key for key in captured if key[0] >= rows and key[1] >= columns]
+    return min(covering) if covering else None
 
 
 class DecodeGraphs:
@@ -63,6 +79,8 @@ class DecodeGraphs:
         self.rope_delta = rope_delta
         self.delta: Tensor | None = None  # [rows] each row's rope delta, with `rope_delta`
         self._padded = 0  # rows below this may point to the trash row (the last padded replay)
+        self._asked: dict[tuple[int, int], int] = {}  # uncaptured bucket -> times a graph stood in for it
+        self.stood_in = 0  # replays of a larger graph for an uncaptured bucket (a capture each avoided)
         self.stream: torch.cuda.Stream | None = None  # captures run here (one stream: one cuBLAS workspace)
 
     def supports(self, batch: int) -> bool:
@@ -71,6 +89,7 @@ class DecodeGraphs:
     def _reset(self) -> None:
         """Drop the graphs (the cache was reallocated) and size the static inputs to the cache's rows."""
         self.graphs.clear()
+        self._asked.clear()
         self.pool = None
         S = self.cache.trash_row
         self.tokens = torch.zeros(S, dtype=torch.long, device=self.device)
@@ -94,8 +113,10 @@ class DecodeGraphs:
         if self.generation != self.cache.generation:
             self._reset()
         B = tokens_B.shape[0]
-        Bp = min(bucket(B, 8), self.cache.trash_row)
-        Lp = min(bucket(length, 128), self.cache.capacity)
+        key = (min(bucket(B, 8), self.cache.trash_row), min(bucket(length, 128), self.cache.capacity))
+        if key not in self.graphs:
+            key = self._stand_in_or_capture(key)
+        Bp = key[0]
         self.tokens[:B].copy_(tokens_B, non_blocking=True)
         self.pos[:B].copy_(pos_B, non_blocking=True)
         if self.delta is not None:
@@ -113,12 +134,23 @@ class DecodeGraphs:
                 self.delta[B:Bp].zero_()
             self.rows[B:Bp].fill_(self.cache.trash_row)  # writes go to block 0, held by no sequence
             self._padded = Bp
-        key = (Bp, Lp)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(Bp, Lp)
+            self.graphs[key] = self._capture(*key)
         graph, logits_BV = self.graphs[key]
         graph.replay()
         return logits_BV[:B]
+
+    def _stand_in_or_capture(self, key: tuple[int, int]) -> tuple[int, int]:
+        """The bucket whose graph runs an uncaptured `key`: a captured larger one while `key` is new
+        (`stand_in`), else `key` itself, to be captured."""
+        asked = self._asked.get(key, 0) + 1
+        larger = stand_in(self.graphs, *key) if asked < CAPTURE_AFTER else None
+        if larger is None:
+            self._asked.pop(key, None)
+            return key
+        self._asked[key] = asked
+        self.stood_in += 1
+        return larger
 
     def _capture(self, B: int, L: int) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """The graph of the step of B rows over L columns on the static inputs, and its logits [B, V]."""

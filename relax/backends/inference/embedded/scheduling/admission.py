@@ -116,7 +116,7 @@ class Admission(BlockRows):
         prompts, firsts, starts, k = [], [], [], 0  # firsts: table row of each unit's first sequence
         for i, u in enumerate(units):
             p = u[0].prefill_ids()
-            start = self._place(p, base + k, force=not self.running and i == 0)
+            start = self._place(p, base + k, force=not self.running and i == 0, memo=u[0])
             if start is None:  # out of blocks: this unit and the later ones wait
                 self.waiting.extendleft(reversed(units[i:]))
                 units = units[:i]
@@ -173,7 +173,7 @@ class Admission(BlockRows):
         past the batch, then prefill its first chunk there."""
         slot = len(self.running)
         ids = unit[0].prefill_ids()
-        start = self._place(ids, slot, force=not self.running)
+        start = self._place(ids, slot, force=not self.running, memo=unit[0])
         if start is None:
             self.waiting.appendleft(unit)
             self._admitting = []

@@ -41,10 +41,11 @@ class BlockRows:
         return -(-length // self.block) + 2 * (len(unit) - 1)
 
     # -- one step -------------------------------------------------------------------------------
-    def _place(self, prompt: list[int], row: int, force: bool) -> int | None:
+    def _place(self, prompt: list[int], row: int, force: bool, memo: object = None) -> int | None:
         """Give table row `row` the blocks of `prompt`: a prefix-cache hit's (shared), fresh ones for the
-        rest. Returns the tokens the hit covers, or None (nothing taken) when the pool is out of blocks."""
-        hit = self.prefix.match(prompt, len(prompt) - 1) if self.prefix is not None else []
+        rest. Returns the tokens the hit covers, or None (nothing taken) when the pool is out of blocks.
+        `memo`: the sequence, whose lookup admission made already (`PrefixCache.peek`)."""
+        hit = self.prefix.match(prompt, len(prompt) - 1, memo=memo) if self.prefix is not None else []
         self.cache.assign(row, hit)
         if not self.cache.extend(row, len(prompt), force=force):
             self.cache.free_row(row)
@@ -56,21 +57,28 @@ class BlockRows:
         prompt of this admission computes, and the cache does not hold, goes back to the front of the
         queue; one step later it finds them in the cache. The GRPO samples of a group sent as separate
         requests arrive together, and would otherwise each prefill the whole prompt. The first unit is
-        always admitted, so the queue moves."""
+        always admitted, so the queue moves.
+
+        Only the blocks past each prompt's cached prefix are compared, keyed from its last cached
+        block: two prompts alike past the cache went through the same cached blocks (the cache finds a
+        prefix by its tokens), so the blocks of an agent's history the cache holds (hundreds a turn) are
+        never hashed again."""
         seen: set[int] = set()
         keep: list[list[Sequence]] = []
         later: list[list[Sequence]] = []
+        B = self.block
         for u in units:
             p = u[0].prefill_ids()
-            n = (len(p) - 1) // self.block  # the blocks a hit may cover
-            chain, h = [], 0
-            for i in range(n):  # a hash per leading prefix: a scheduling hint, a collision costs nothing
-                h = hash((h, tuple(p[i * self.block : (i + 1) * self.block])))
+            n = (len(p) - 1) // B  # the blocks a hit may cover
+            cached, h = self.prefix.peek_end(p, len(p) - 1, memo=u[0])
+            chain = []
+            for i in range(cached, n):  # a hash per prefix: a scheduling hint, a collision costs nothing
+                h = hash((h, tuple(p[i * B : (i + 1) * B])))
                 chain.append(h)
             shared = 0
-            while shared < n and chain[shared] in seen:
+            while shared < len(chain) and chain[shared] in seen:
                 shared += 1
-            if keep and shared - self.prefix.peek(p, len(p) - 1) >= 2:  # 2+ blocks to gain by waiting
+            if keep and shared >= 2:  # 2+ blocks to gain by waiting
                 later.append(u)
             else:
                 keep.append(u)

@@ -59,7 +59,9 @@ class PrefixCache:
         self.block = kv.block
         self.blocks: dict[tuple[int, tuple[int, ...]], _Block] = {}
         self._at: dict[int, _Block] = {}  # pool block -> its cache entry (a cached block is one prefix's)
-        self._peeks: dict[object, tuple[int, int, int]] = {}  # `peek` memo; emptied when blocks come or go
+        self._peeks: dict[
+            object, tuple[int, int, list[_Block]]
+        ] = {}  # `_lookup` memo; emptied when blocks come or go
         self._leaves: list[tuple[int, int, _Block]] = []  # heap of (stamp, id, block); see the docstring
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
@@ -93,10 +95,10 @@ class PrefixCache:
         self._leaves.clear()
 
     # -- lookup ----------------------------------------------------------------------------------
-    def match(self, tokens: list[int], limit: int) -> list[int]:
+    def match(self, tokens: list[int], limit: int, memo: object = None) -> list[int]:
         """The pool blocks of the longest block-aligned cached prefix of `tokens` no longer than `limit`,
-        touched as used; counts toward the hit rate."""
-        chain = self._walk(tokens, limit // self.block)
+        touched as used; counts toward the hit rate. `memo`: as for `peek`, whose walk it reuses."""
+        chain = self._lookup(tokens, limit, memo)
         self._touch(chain)
         self.lookup_tokens += len(tokens)
         self.hit_tokens += len(chain) * self.block
@@ -105,16 +107,27 @@ class PrefixCache:
     def peek(self, tokens: list[int], limit: int, memo: object = None) -> int:
         """How many blocks of `tokens` (no more than `limit` tokens) `match` would find; touches nothing.
         With `memo` (the waiting sequence asked about) the answer is kept until blocks are cached or
-        dropped: admission asks about the same queue entries several times a step (planning, then
-        taking them), and each walk of an agent's 6k-token history is 400 dictionary lookups."""
+        dropped: admission asks about the same queue entries several times a step (planning, the
+        in-batch sharing check, placing them), and each walk of an agent's 6k-token history is 400
+        dictionary lookups."""
+        return len(self._lookup(tokens, limit, memo))
+
+    def peek_end(self, tokens: list[int], limit: int, memo: object = None) -> tuple[int, int]:
+        """`peek`, and the id of the last block found (0, the root's, for none): two prompts that go
+        on alike past the same cached block share that prefix."""
+        chain = self._lookup(tokens, limit, memo)
+        return len(chain), chain[-1].id if chain else 0
+
+    def _lookup(self, tokens: list[int], limit: int, memo: object) -> list[_Block]:
+        """The cached chain `match` finds, kept per `memo` (never mutated: callers only read it)."""
         if memo is not None:
             kept = self._peeks.get(memo)
-            if kept is not None and kept[:2] == (len(tokens), limit):
+            if kept is not None and kept[0] == len(tokens) and kept[1] == limit:
                 return kept[2]
-        n = len(self._walk(tokens, limit // self.block))
+        chain = self._walk(tokens, limit // self.block)
         if memo is not None:
-            self._peeks[memo] = (len(tokens), limit, n)
-        return n
+            self._peeks[memo] = (len(tokens), limit, chain)
+        return chain
 
     def _walk(self, tokens: list[int], max_blocks: int, chain: list[_Block] | None = None) -> list[_Block]:
         """The cached chain of `tokens`' first `max_blocks` blocks, looked up by token ids; `chain`: its

@@ -106,7 +106,11 @@ class Sequence:
         return self.finish is not None or n >= self._max_new or n >= self._room
 
     def prefill_ids(self) -> list[int]:
-        return self.group.prompt + self.output_ids[:-1]
+        """The tokens a prefill of this sequence computes: prompt + output but its last token (the next
+        step's input). Read only: without output it is the prompt list itself (admission asks for it
+        several times a step, and an agent's prompt is thousands of tokens)."""
+        out = self.output_ids
+        return self.group.prompt + out[:-1] if len(out) > 1 else self.group.prompt
 
     def append(self, token: int, logprob: float, top: TopLogprobs | None = None) -> None:
         if self._extra:  # top log-probs, a grammar, stop regexes or streaming: off the common path

@@ -1,12 +1,13 @@
 """Decode steps replayed from CUDA graphs give the eager forward's logits, across batch and length buckets,
-cache growth and weight updates; the bucket sizes themselves are checked by hand."""
+cache growth, weight updates and larger graphs standing in for new buckets; the bucket sizes and the
+stand-in policy themselves are checked by hand (those two on any device)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from relax.backends.inference.embedded.model.cuda_graphs import bucket
+from relax.backends.inference.embedded.model.cuda_graphs import CAPTURE_AFTER, DecodeGraphs, bucket, stand_in
 from relax.backends.inference.embedded.model.runner import ModelRunner
 from relax.models.tiny import write_tiny_model
 
@@ -20,6 +21,28 @@ def test_buckets():
     assert [bucket(n, 128) for n in (1, 128, 129, 300, 513, 1025, 4000)] == [
         128, 128, 256, 384, 640, 1280, 4096,
     ]  # fmt: skip
+
+
+def test_stand_in_is_the_cheapest_covering_graph():
+    captured = [(64, 1024), (16, 4096), (32, 512), (64, 256)]
+    assert stand_in(captured, 16, 384) == (16, 4096)  # the fewest rows first, then the fewest columns
+    assert stand_in(captured, 24, 384) == (32, 512)
+    assert stand_in(captured, 40, 600) == (64, 1024)
+    assert stand_in(captured, 8, 8192) is None  # nothing has the columns
+    assert stand_in(captured, 72, 128) is None  # nothing has the rows
+    assert stand_in([], 8, 128) is None
+
+
+def test_a_new_bucket_is_captured_on_its_third_request_while_a_larger_graph_stands_in():
+    """The policy alone (no CUDA): captured graphs are placeholders here."""
+    graphs = DecodeGraphs(forward=None, cache=None, device=torch.device("cpu"))
+    assert graphs._stand_in_or_capture((8, 128)) == (8, 128)  # nothing covers it: captured at once
+    graphs.graphs[(8, 128)] = graphs.graphs[(32, 1024)] = object()
+    for _ in range(CAPTURE_AFTER - 1):
+        assert graphs._stand_in_or_capture((16, 512)) == (32, 1024)
+    assert graphs._stand_in_or_capture((16, 512)) == (16, 512)  # it stays: its own graph now
+    assert graphs.stood_in == CAPTURE_AFTER - 1 and not graphs._asked
+    assert graphs._stand_in_or_capture((64, 128)) == (64, 128)  # no graph has its rows
 
 
 def steps(runner: ModelRunner, prompts: list[list[int]], n: int) -> list[torch.Tensor]:
@@ -55,3 +78,17 @@ def test_graph_decode_matches_eager(family, dtype, tmp_path):
     torch.testing.assert_close(
         steps(graphed, prompts, 3)[-1], steps(eager, prompts, 3)[-1], atol=tol, rtol=tol
     )
+
+
+@cuda
+def test_a_larger_graph_stands_in_for_a_new_bucket_with_the_eager_logits(tmp_path):
+    model_dir = write_tiny_model(tmp_path / "qwen2", family="qwen2", vocab_size=384)
+    graphed = ModelRunner(str(model_dir), device="cuda", dtype="bfloat16")
+    eager = ModelRunner(str(model_dir), device="cuda", dtype="bfloat16", cuda_graphs=False)
+    long = [list(range(1, 181)), list(range(5, 150))]  # lengths 181-184: the graph of (8, 256)
+    short = [list(range(1, 41)), [9, 10, 11], list(range(3, 60))]  # 60-65: the bucket (8, 128), new
+    for prompts, n in ((long, 4), (short, CAPTURE_AFTER + 2)):
+        for a, b in zip(steps(graphed, prompts, n), steps(eager, prompts, n), strict=True):
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+    assert set(graphed.graphs.graphs) == {(8, 256), (8, 128)}
+    assert graphed.graphs.stood_in == CAPTURE_AFTER - 1

@@ -108,6 +108,33 @@ def test_requests_sharing_a_prompt_sent_together_prefill_it_once(tiny_model_dir)
     assert results[True] == results[False]
 
 
+def test_requests_sharing_blocks_past_a_cached_prefix_sent_together_prefill_them_once(tiny_model_dir):
+    """The in-batch check past the cache: with the system prompt cached, 6 requests that go on alike for
+    two more blocks arrive together; the first computes those blocks, the others wait one step and take
+    them from the cache (each then computes only its last tokens)."""
+    common = SYSTEM + list(range(300, 300 + 2 * BLOCK))  # the system prompt, then two more blocks
+    prompts = [common + [200 + i, 201] for i in range(6)]
+    results = {}
+    for cache in (False, True):
+        e = _engine(tiny_model_dir, cache=cache)
+        try:
+            e.generate(SYSTEM + [9], GREEDY)  # caches the system prompt's full blocks
+            s = e.scheduler
+            before = s.prefill_computed
+            e.pause()  # all queued before the first admission
+            futures = [e.submit(p, GREEDY) for p in prompts]
+            e.resume()
+            results[cache] = [f.result(timeout=60)[0].output_ids for f in futures]
+            if cache:
+                sys_cached = len(SYSTEM) // BLOCK * BLOCK
+                all_cached = len(common) // BLOCK * BLOCK
+                first, rest = len(prompts[0]) - sys_cached, len(prompts[0]) - all_cached
+                assert s.prefill_computed - before == first + 5 * rest
+        finally:
+            e.shutdown()
+    assert results[True] == results[False]
+
+
 def _perturbed(tiny_model_dir, out_dir) -> dict[str, torch.Tensor]:
     """New weights in a model folder of their own (and as tensors)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
