@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["BLOCK", "PrefixCache"]
 
+MAX_PEEKS = 4096  # kept lookups (one per waiting sequence asked about) before the memo is emptied
+
 
 @dataclass(slots=True, eq=False)  # eq=False: identity comparison, fast init
 class _Block:
@@ -59,9 +61,9 @@ class PrefixCache:
         self.block = kv.block
         self.blocks: dict[tuple[int, tuple[int, ...]], _Block] = {}
         self._at: dict[int, _Block] = {}  # pool block -> its cache entry (a cached block is one prefix's)
-        self._peeks: dict[
-            object, tuple[int, int, list[_Block]]
-        ] = {}  # `_lookup` memo; emptied when blocks come or go
+        # `_lookup` memo: (tokens' length, limit, chain, `_grown` when walked) per waiting sequence
+        self._peeks: dict[object, tuple[int, int, list[_Block], int]] = {}
+        self._grown = 0  # inserts that added blocks (a kept chain may go on further since)
         self._leaves: list[tuple[int, int, _Block]] = []  # heap of (stamp, id, block); see the docstring
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
@@ -99,6 +101,7 @@ class PrefixCache:
         """The pool blocks of the longest block-aligned cached prefix of `tokens` no longer than `limit`,
         touched as used; counts toward the hit rate. `memo`: as for `peek`, whose walk it reuses."""
         chain = self._lookup(tokens, limit, memo)
+        self._peeks.pop(memo, None)  # placed: its last lookup
         self._touch(chain)
         self.lookup_tokens += len(tokens)
         self.hit_tokens += len(chain) * self.block
@@ -106,10 +109,10 @@ class PrefixCache:
 
     def peek(self, tokens: list[int], limit: int, memo: object = None) -> int:
         """How many blocks of `tokens` (no more than `limit` tokens) `match` would find; touches nothing.
-        With `memo` (the waiting sequence asked about) the answer is kept until blocks are cached or
-        dropped: admission asks about the same queue entries several times a step (planning, the
-        in-batch sharing check, placing them), and each walk of an agent's 6k-token history is 400
-        dictionary lookups."""
+        With `memo` (the waiting sequence asked about) the chain found is kept and brought up to date
+        (`_lookup`) until `match` places the sequence: admission asks about the same queue entries
+        several times a step and every step they wait (planning, the in-batch sharing check, placing
+        them), and each walk of an agent's 6k-token history is 400 dictionary lookups."""
         return len(self._lookup(tokens, limit, memo))
 
     def peek_end(self, tokens: list[int], limit: int, memo: object = None) -> tuple[int, int]:
@@ -119,14 +122,26 @@ class PrefixCache:
         return len(chain), chain[-1].id if chain else 0
 
     def _lookup(self, tokens: list[int], limit: int, memo: object) -> list[_Block]:
-        """The cached chain `match` finds, kept per `memo` (never mutated: callers only read it)."""
+        """The cached chain `match` finds, kept per `memo` (never mutated: callers only read it).
+
+        A kept chain stays right while its blocks stay cached, and only a leaf is ever dropped, so the
+        chain holds iff its last block is cached (else its cached head is the part to keep). An insert
+        since may have cached blocks past its end: the walk goes on from there, one lookup when nothing
+        came, instead of the prompt's whole history again (inserts come every step that prefills)."""
+        kept = self._peeks.get(memo) if memo is not None else None
+        if kept is not None and kept[0] == len(tokens) and kept[1] == limit:
+            chain, grown = kept[2], kept[3]
+            if chain and not chain[-1].cached:
+                chain, grown = list(itertools.takewhile(lambda b: b.cached, chain)), -1
+            if grown == self._grown:
+                return chain
+            chain = self._walk(tokens, limit // self.block, list(chain))
+        else:
+            chain = self._walk(tokens, limit // self.block)
         if memo is not None:
-            kept = self._peeks.get(memo)
-            if kept is not None and kept[0] == len(tokens) and kept[1] == limit:
-                return kept[2]
-        chain = self._walk(tokens, limit // self.block)
-        if memo is not None:
-            self._peeks[memo] = (len(tokens), limit, chain)
+            if len(self._peeks) >= MAX_PEEKS:  # sequences that left the queue unplaced (aborted)
+                self._peeks.clear()
+            self._peeks[memo] = (len(tokens), limit, chain, self._grown)
         return chain
 
     def _walk(self, tokens: list[int], max_blocks: int, chain: list[_Block] | None = None) -> list[_Block]:
@@ -195,7 +210,7 @@ class PrefixCache:
             new.append(block)
             parent = block
         if new:
-            self._peeks.clear()
+            self._grown += 1
         self._touch(chain + new)
         return len(new)
 
@@ -226,7 +241,6 @@ class PrefixCache:
     def _drop(self, block: _Block) -> None:
         del self.blocks[block.key]
         del self._at[block.index]
-        self._peeks.clear()
         block.cached = False
         self.kv.unhold(block.index)
         self.evicted += 1

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from relax.utils import http_limits
@@ -203,3 +204,18 @@ def test_release_freed_memory_trims_once_per_burst():
             break
         time.sleep(0.05)
     assert not http_limits._trim_pending
+
+
+def test_submit_reads_ids_of_numpy_or_python_ints_and_refuses_those_outside_the_vocabulary(engine_server):
+    """`submit` converts the prompt once (`_id_array`); numpy scalars give the same tokens as Python ints,
+    and an id below 0, at the vocabulary's size or past int64 is refused by name."""
+    engine = engine_server.engine
+    vocab = engine.runner.vocab_size
+    params = {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0.0}
+    plain = engine.submit([5, 6, 7], params).result(timeout=TIMEOUT_S)[0]
+    scalars = engine.submit([np.int64(5), np.int32(6), 7], params).result(timeout=TIMEOUT_S)[0]
+    assert scalars.output_ids == plain.output_ids and len(plain.output_ids) == 3
+    for bad in ([5, -1], [5, vocab], [5, 2**70]):
+        with pytest.raises(ValueError, match="outside the vocabulary") as err:
+            engine.submit(bad, params)
+        assert str(bad[1]) in str(err.value)

@@ -326,18 +326,47 @@ def test_insert_finds_a_rows_cached_head_by_block_and_a_duplicate_by_tokens():
     assert cache.match(a, len(a)) == kv.rows[0]
 
 
-def test_peek_keeps_its_answer_until_blocks_are_cached_or_dropped():
+def test_a_kept_lookup_follows_inserts_and_evictions_without_walking_the_history_again():
+    """A waiting prompt's chain is kept per sequence (`memo`): asked again with nothing inserted it costs
+    no lookup, after an insert one lookup past its end (or as many as new blocks match), after an eviction
+    of its leaf it is the chain's cached head; each answer equals a fresh walk's."""
     kv = PagedKVCache(1, 1, 2, torch.float32, torch.device("cpu"), max_context=8 * BLOCK)
     cache = PrefixCache(kv)
-    a = list(range(4 * BLOCK))
+    cache.blocks = _CountingDict()
+    a = list(range(6 * BLOCK))
+    other = [9_000 + t for t in range(2 * BLOCK)]
     asker = object()
-    assert cache.peek(a, len(a), memo=asker) == 0
-    kv.extend(0, len(a))
-    cache.insert(a, kv.rows[0])
-    assert cache.peek(a, len(a), memo=asker) == 4  # the insert forgot the answer
-    assert cache.peek(a, len(a) - 1, memo=asker) == 3  # another limit: asked again
-    kv.free_row(0)
-    cache.evict(1)
-    assert cache.peek(a, len(a), memo=asker) == 3  # the eviction forgot it too
+
+    def peek(limit: int) -> int:
+        n = cache.peek(a, limit, memo=asker)
+        gets = cache.blocks.gets
+        assert n == cache.peek(a, limit)  # a fresh walk agrees
+        cache.blocks.gets = gets
+        return n
+
+    kv.extend(0, 4 * BLOCK)
+    cache.insert(a[: 4 * BLOCK], kv.rows[0])
+    cache.blocks.gets = 0
+    assert peek(len(a)) == 4 and cache.blocks.gets == 5  # the first walk: four found, the fifth not
+    cache.blocks.gets = 0
+    assert peek(len(a)) == 4 and cache.blocks.gets == 0  # kept: nothing was inserted since
+    kv.extend(1, len(other))
+    cache.insert(other, kv.rows[1])  # blocks of another prompt
+    cache.blocks.gets = 0
+    assert peek(len(a)) == 4 and cache.blocks.gets == 1  # one lookup past the kept end
+    kv.assign(2, cache.match(a, 4 * BLOCK))  # another row computes a in full
+    kv.extend(2, len(a))
+    cache.insert(a, kv.rows[2])
+    cache.blocks.gets = 0
+    assert peek(len(a)) == 6 and cache.blocks.gets == 2  # the two new blocks only
+    assert peek(len(a) - 1) == 5  # another limit: walked again
+    assert peek(len(a)) == 6
+    for row in (0, 1, 2):
+        kv.free_row(row)
+    cache.match(other, len(other))  # a's chain is now the least recently used
+    cache.evict(1)  # a's leaf
+    assert peek(len(a)) == 5
+    assert len(cache.match(a, len(a), memo=asker)) == 5 and asker not in cache._peeks  # placed: let go
     cache.clear()
-    assert cache.peek(a, len(a), memo=asker) == 0
+    assert peek(len(a)) == 0
+
