@@ -369,4 +369,3 @@ def test_a_kept_lookup_follows_inserts_and_evictions_without_walking_the_history
     assert len(cache.match(a, len(a), memo=asker)) == 5 and asker not in cache._peeks  # placed: let go
     cache.clear()
     assert peek(len(a)) == 0
-
