@@ -185,7 +185,9 @@ class StepTimeline:
         self.scheduler, self.inner, self.steps = scheduler, scheduler.step, []
         self.recording = False
         scheduler.step = self.step
-        # prefill_after: past cached prefixes; gc: the whole pass, any thread
+        # prefill_after: past cached prefixes; gc: wall time inside collections over the whole pass, any
+        # thread: an upper bound on their cost, since the GPU runs the steps queued meanwhile and the
+        # other threads wait only where they need the GIL (docs/measurements.md: off, a pass was as long)
         self.spent = {"prefill_s": 0.0, "prefill_after_s": 0.0, "capture_s": 0.0, "gc_s": 0.0}
         self._gc_started = 0.0
         gc.callbacks.append(self._gc)
