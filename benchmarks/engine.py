@@ -179,7 +179,8 @@ class StepTimeline:
     """Wraps the engine's `Scheduler.step` to record each step of one pass: when it ran, how long it took,
     the rows it decoded and the requests it admitted; `summary()` splits the pass's time into ramp (until
     the last request is admitted), full-batch steps, tail (after the first row finishes) and gaps between
-    steps (the engine thread's command handling and waits)."""
+    steps (the engine thread's command handling and waits), and the steps' time into those that admitted
+    requests (their prefills) and the rest (decode only): a multi-turn pass admits in every turn."""
 
     def __init__(self, scheduler) -> None:
         self.scheduler, self.inner, self.steps = scheduler, scheduler.step, []
@@ -250,6 +251,8 @@ class StepTimeline:
             "ramp_s": round(st[last_admit][1] - st[0][0], 4),
             "ramp_steps": last_admit + 1,
             "admitting_steps": sum(1 for x in st if x[3] > 0),
+            "admitting_s": round(sum(x[1] - x[0] for x in st if x[3] > 0), 4),  # the prefills' steps
+            "other_steps_s": round(sum(x[1] - x[0] for x in st if x[3] == 0), 4),  # decode-only steps
             "full_steps": first_drop - last_admit - 1,
             "full_step_ms_median": round(1e3 * mid[len(mid) // 2], 3),
             "full_s": round(sum(x[1] - x[0] for x in st[last_admit + 1 : first_drop]), 4),
