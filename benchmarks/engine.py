@@ -345,7 +345,7 @@ def profile_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list
             sync(args.device)
         print("admission (prefills):", flush=True)
         print(prof.key_averages().table(sort_by=key, row_limit=20), flush=True)
-        for _ in range(5):
+        for _ in range(args.profile_after):
             s.step()
         times = []
         for _ in range(20):
@@ -476,6 +476,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads on CPU.")
     ap.add_argument("--skip-hf", action="store_true", help="Measure the engine only.")
     ap.add_argument("--profile", action="store_true", help="Time and profile full-batch decode steps only.")
+    ap.add_argument(
+        "--profile-after", type=int, default=5, help="--profile: decode steps run before the timed ones."
+    )
     ap.add_argument("--repeats", type=int, default=5, help="Runs of each side, alternating; medians count.")
     ap.add_argument("--timeline", action="store_true", help="Log where the engine's timed pass spends time.")
     ap.add_argument(
