@@ -13,6 +13,7 @@ forward pass of its own first), and streams the new weights into the engine.
     python benchmarks/vl_gpu.py                       # CUDA, bf16 engine, fp32 master weights
     python benchmarks/vl_gpu.py --tiny --device cpu   # a CPU smoke run on the tiny Qwen2.5-VL
     python benchmarks/vl_gpu.py --gen-only [--no-lean]  # the engine alone (lean + graphs, or transformers)
+    python benchmarks/vl_gpu.py --text-only --steps 1  # the same language model on text prompts
 
 The last line printed is one JSON object: step time, generation time and tokens/s (over all steps, and
 steady: steps 2.., after the first step's CUDA-graph captures), peak GPU memory, and the engine-trainer
@@ -31,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -116,6 +119,16 @@ def _gap_stats(gaps: list[torch.Tensor]) -> dict | None:
     }
 
 
+def _as_text(item: Any, media_ids: set[int], vocab: int, rng: Any) -> SimpleNamespace:
+    """`item`'s prompt with each image or vision token replaced by a random text token, and no media:
+    a text prompt of the same length for the same language model (`--text-only`)."""
+    ids = list(item.prompt_ids)
+    for i in range(len(ids)):
+        while ids[i] in media_ids:
+            ids[i] = int(rng.integers(vocab // 2, vocab))
+    return SimpleNamespace(prompt_ids=ids, multimodal_inputs=None)
+
+
 def _mean(xs: list[float]) -> float | None:
     """The mean to 3 decimals, None for no values (`--gen-only` has no train or sync times)."""
     return round(statistics.fmean(xs), 3) if xs else None
@@ -159,6 +172,12 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder and vision layers")
     p.add_argument("--gen-only", action="store_true", help="generation only: no trainer, no weight sync")
     p.add_argument(
+        "--text-only",
+        action="store_true",
+        help="the prompts' image and vision tokens replaced by random text tokens, no image: the same "
+        "language model's engine-vs-trainer gap on text",
+    )
+    p.add_argument(
         "--profile-step", type=int, default=0, help="print the torch profile of this step's generation"
     )
     p.add_argument(
@@ -197,6 +216,11 @@ def main() -> None:
     for i in range(args.prompts * args.steps):
         color_image(random.Random(i).choice(list(COLORS)), rng, args.image_size).save(work / f"{i}.png")
 
+    cfg = json.loads((path / "config.json").read_text())
+    media_ids = {
+        cfg[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    }
+    vocab = cfg.get("text_config", cfg).get("vocab_size", cfg.get("vocab_size"))
     engine_dtype = "bfloat16" if cuda else "float32"
     engine = EmbeddedEngine(
         str(path),
@@ -240,6 +264,8 @@ def main() -> None:
             proc.process(COLOR_PROMPT, {"image": [str(work / f"{step * args.prompts + j}.png")]})
             for j in range(args.prompts)
         ]
+        if args.text_only:
+            items = [_as_text(it, media_ids, vocab, rng) for it in items]
         t = time.perf_counter()
         prof = _profiler() if step + 1 == args.profile_step else contextlib.nullcontext()
         if timeline is not None:
@@ -331,7 +357,10 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "steps": args.steps,
         "samples_per_step": args.prompts * args.n,
-        "image_tokens_per_prompt": int(items[0].multimodal_inputs["image_grid_thw"].prod()) // 4,
+        "text_only": args.text_only,
+        "image_tokens_per_prompt": 0
+        if args.text_only
+        else int(items[0].multimodal_inputs["image_grid_thw"].prod()) // 4,
         "prompt_tokens": len(items[0].prompt_ids),
         "step_time_s": round(statistics.fmean(steady), 3),
         "gen_time_s": round(statistics.fmean(gen_s[1:] or gen_s), 3),
