@@ -76,3 +76,23 @@ def test_a_fresh_ray_worker_that_imports_relax_collects_less_until_its_role_is_b
         ray.kill(actor)
     assert before == after and before[0] < gc_freeze.STARTUP_GEN0_THRESHOLD
     assert during == (gc_freeze.STARTUP_GEN0_THRESHOLD, *before[1:])
+
+
+def test_the_collector_is_paused_inside_and_left_as_it_was_after():
+    assert gc.isenabled()
+    with gc_freeze.collector_paused():
+        assert not gc.isenabled()
+        with gc_freeze.collector_paused():  # nested: the outer one turns it back on
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_freeze.collector_paused():
+        raise RuntimeError("an error inside the burst")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_freeze.collector_paused():
+            pass
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()

@@ -209,6 +209,11 @@ class PagedKVCache:
         self.cached[b] = True
         self.refs[b] += 1
 
+    def hold_many(self, blocks: list[int]) -> None:
+        """`hold` of each of `blocks` (distinct), as array operations."""
+        self.cached[blocks] = True
+        self.refs[blocks] += 1
+
     def unhold(self, b: int) -> None:
         """The prefix cache drops its reference to block b."""
         self.cached[b] = False

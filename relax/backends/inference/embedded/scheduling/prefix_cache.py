@@ -193,24 +193,35 @@ class PrefixCache:
                 break
             chain.append(block)
         chain = self._walk(tokens, n, chain)
-        parent = chain[-1] if chain else None
+        start = len(chain)
+        indices = row_blocks[start:n]
+        if indices:  # a finished row of 2k tokens brings ~130 new blocks, 256 rows of them in one step
+            cached = self.kv.cached[indices]
+            if cached.any():  # cached under another key already (cannot be: a block is one prefix)
+                indices = indices[: int(cached.argmax())]
+        if not indices:
+            self._touch(chain)
+            return 0
         B = self.block
+        parent = chain[-1] if chain else None
+        if parent is not None:
+            parent.children += 1
+        blocks, at, ids = self.blocks, self._at, self._ids
+        pid = parent.id if parent is not None else 0
+        # the walk stopped at the first key not cached, and every later key starts with a new block's
+        # id, so none of these keys can be in the cache yet
+        tail = iter(tokens[start * B : (start + len(indices)) * B])
+        keys = zip(*[tail] * B, strict=True)  # each block's B token ids, one tuple a block
         new: list[_Block] = []
-        for i in range(len(chain), n):
-            index = row_blocks[i]
-            if self.kv.cached[index]:  # cached under another key already (cannot be: a block is one prefix)
-                break
-            key = (parent.id if parent else 0, tuple(tokens[i * B : (i + 1) * B]))
-            block = _Block(next(self._ids), key, index, parent)
-            self.kv.hold(index)
-            if parent is not None:
-                parent.children += 1
-            self.blocks[key] = block
-            self._at[index] = block
+        for index, key_tokens in zip(indices, keys, strict=True):
+            block = _Block(next(ids), (pid, key_tokens), index, parent, 1)
+            blocks[block.key] = block
+            at[index] = block
             new.append(block)
-            parent = block
-        if new:
-            self._grown += 1
+            parent, pid = block, block.id
+        new[-1].children = 0
+        self.kv.hold_many(indices)
+        self._grown += 1
         self._touch(chain + new)
         return len(new)
 

@@ -50,7 +50,8 @@ from relax.backends.inference.embedded.scheduling.chunked_prefill import Chunked
 from relax.backends.inference.embedded.scheduling.decode_batch import DecodeBatch, InflightStep
 from relax.backends.inference.embedded.scheduling.logit_rows import LogitRows
 from relax.backends.inference.embedded.scheduling.prefix_cache import PrefixCache
-from relax.backends.inference.embedded.scheduling.sequence import RequestGroup, Sequence
+from relax.backends.inference.embedded.scheduling.sequence import RequestGroup, Sequence, resolve_groups
+from relax.utils.gc_freeze import collector_paused
 
 logger = logging.getLogger(__name__)
 
@@ -261,11 +262,12 @@ class Scheduler(Admission):
         if not finished:
             return
         before = list(rows)
-        for b, s in enumerate(rows):
-            if s.finish is not None:
-                self._cache_row(s, b)
-                self.cache.free_row(b)
-                self._order.pop(id(s), None)
+        with collector_paused():  # caching the finished rows' blocks allocates entries that live on
+            for b, s in enumerate(rows):
+                if s.finish is not None:
+                    self._cache_row(s, b)
+                    self.cache.free_row(b)
+                    self._order.pop(id(s), None)
         keep = len(rows) - len(finished)
         holes = [b for b in range(keep) if rows[b].finish is not None]
         movers = [b for b in range(keep, len(rows)) if rows[b].finish is None]
@@ -280,9 +282,8 @@ class Scheduler(Admission):
         self._finalize(finished)
 
     def _finalize(self, finished: list[Sequence]) -> None:
-        for group in {id(s.group): s.group for s in finished}.values():
-            if group.done():
-                group.resolve(self.runner.weight_version)
+        groups = {id(s.group): s.group for s in finished}.values()
+        resolve_groups([g for g in groups if g.done()], self.runner.weight_version)
 
     def abort(self, rid: str | None, message: str = "aborted") -> int:
         """End the matching requests (all when `rid` is None); they return what they have so far."""

@@ -192,6 +192,17 @@ class Sequence:
             self.finish = {"type": "abort", "message": message}
 
 
+def decode_texts(tokenizer: Any, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    """`tokenizer.decode` of each of `seqs`. A fast tokenizer that cleans up no spaces decodes them in one
+    call of its Rust backend, which is what its `decode` does per sequence after checking in Python that
+    every id is a number: that check took ~0.3 us a token, 0.15 s of the step in which 256 rows of 1.8k
+    tokens finished (docs/engines.md)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in seqs]
+    return backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
+
+
 @dataclass
 class RequestGroup:
     """One prompt with its n samples; `future` resolves with their results once all have finished."""
@@ -234,18 +245,22 @@ class RequestGroup:
     def done(self) -> bool:
         return all(s.finish is not None for s in self.seqs)
 
-    def resolve(self, weight_version: str) -> None:
-        """Hand the results to the waiting caller (call once, when `done()`)."""
+    def resolve(self, weight_version: str, texts: list[str] | None = None) -> None:
+        """Hand the results to the waiting caller (call once, when `done()`); `texts`: the samples' texts,
+        decoded already (`resolve_groups`)."""
         if self.future.done():
             return
         latency = time.monotonic() - self.created
-        results = [self._result(s, weight_version, latency) for s in self.seqs]
+        if texts is None:
+            texts = [""] * len(self.seqs)
+            if self.tokenizer is not None:
+                skip = self.params.skip_special_tokens
+                texts = decode_texts(self.tokenizer, [s.output_ids for s in self.seqs], skip)
+        results = [self._result(s, t, weight_version, latency) for s, t in zip(self.seqs, texts, strict=True)]
         self.future.set_result(results)
 
-    def _result(self, seq: Sequence, weight_version: str, latency: float) -> GenerationResult:
-        text = ""
+    def _result(self, seq: Sequence, text: str, weight_version: str, latency: float) -> GenerationResult:
         if self.tokenizer is not None:
-            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=self.params.skip_special_tokens)
             matched = seq.finish.get("matched") if seq.finish else None
             if isinstance(matched, str) and matched and not self.params.no_stop_trim and matched in text:
                 text = text[: text.index(matched)]
@@ -262,3 +277,23 @@ class RequestGroup:
             weight_version_starts=[i for i, _ in seq.versions] or [0],
             output_top_logprobs=list(seq.top_logprobs),
         )
+
+
+def resolve_groups(groups: list[RequestGroup], weight_version: str) -> None:
+    """`resolve` each of `groups` (all done), the texts of those that share a tokenizer and its setting
+    decoded in one batch: the Rust backend decodes a batch on all cores, and a step where a GRPO batch's
+    256 rows finish is otherwise that many decodes one after another on the engine thread."""
+    todo = [g for g in groups if not g.future.done()]
+    batches: dict[tuple[int, bool], list[RequestGroup]] = {}
+    for g in todo:
+        if g.tokenizer is not None:
+            batches.setdefault((id(g.tokenizer), g.params.skip_special_tokens), []).append(g)
+    texts: dict[int, list[str]] = {}
+    for (_, skip), same in batches.items():
+        flat = decode_texts(same[0].tokenizer, [s.output_ids for g in same for s in g.seqs], skip)
+        at = 0
+        for g in same:
+            texts[id(g)] = flat[at : at + len(g.seqs)]
+            at += len(g.seqs)
+    for g in todo:
+        g.resolve(weight_version, texts.get(id(g)))
