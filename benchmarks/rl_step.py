@@ -52,6 +52,7 @@ PRESETS = {
 PHASES = [  # (name printed, metric)
     ("step", "perf/step_time_s"),
     ("rollout", "perf/rollout_s"),
+    ("  engine busy", "rollout/engine_busy_s"),  # inside the engine's steps; the rest is around them
     ("train (Actor call)", "perf/train_s"),
     ("  old log-probs", "perf/actor_old_log_probs_s"),
     ("  rank forward", "perf/rank_forward_s"),
@@ -263,6 +264,10 @@ def report(
         "step_s": [round(r["perf/step_time_s"], 3) for r in rows],
         # rows the engine preempted for want of KV memory (a ceiling too low for the workload), per step
         "engine_preempted": [r.get("rollout/engine_preempted") for r in rows],
+        # the engine's mean step and its tokens per busy second, per step: beside `benchmarks/engine.py`'s
+        # full-batch step, whether the rollout's decode is slower inside a run or only surrounded by more
+        "engine_step_ms": [r.get("rollout/engine_step_ms") for r in rows],
+        "engine_busy_tok_s": [r.get("rollout/engine_busy_tok_s") for r in rows],
         "wall_s": round(time.perf_counter() - t1, 1),
         "model_write_s": round(write_s, 1),
         "profile": str(out / "profile"),

@@ -6,7 +6,16 @@
   an engine that only reports SGLang's cumulative `sglang:cache_hit_rate` contributes that instead);
 * `rollout/engine_preempted`: running requests the engines preempted for want of KV memory over the step
   (`relax:preempted_requests`), each recomputed later; a steady number here says the KV ceiling
-  (`rollout.engine_max_total_tokens`, `rollout.engine_kv_memory_fraction`) is too low for the workload.
+  (`rollout.engine_max_total_tokens`, `rollout.engine_kv_memory_fraction`) is too low for the workload;
+* `rollout/engine_busy_s`: seconds an engine spent inside its steps over the step, the mean over the
+  engines (`relax:engine_busy_seconds`); against `perf/rollout_s` it says how much of the rollout the
+  engines were generating, and how much went to everything around them (requests, rewards, transfers);
+* `rollout/engine_step_ms`: the mean engine step over the step (busy seconds / `relax:engine_steps`), all
+  engines together; at a full batch it is the decode step that `benchmarks/engine.py` times alone;
+* `rollout/engine_busy_tok_s`: tokens generated per busy engine-second (`sglang:generation_tokens`).
+
+The three engine-time figures need a Relax engine (SGLang's `/metrics` has no busy time); a step in which
+no engine ran a step leaves them out.
 
 A scrape that fails or takes longer than `SCRAPE_TIMEOUT_S` leaves that engine out of the step's figures:
 these are observations, and a slow engine must not hold up or fail a step.
@@ -28,6 +37,9 @@ COUNTERS = {  # sample name in the exposition -> key here
     "relax:prefix_cache_hit_tokens_total": "hit",
     "relax:prefix_cache_lookup_tokens_total": "lookup",
     "relax:preempted_requests_total": "preempted",
+    "relax:engine_busy_seconds_total": "busy",
+    "relax:engine_steps_total": "steps",
+    "sglang:generation_tokens_total": "generated",
 }
 CUMULATIVE_HIT_RATE = "sglang:cache_hit_rate"
 
@@ -54,7 +66,8 @@ class EngineStats:
         """`engines`: (url, client with `metrics_text()`) pairs. The step's figures; {} if none answered."""
         engines = list(engines)
         texts = await asyncio.gather(*(self._scrape(c) for _, c in engines))
-        hit = lookup = preempted = 0.0
+        hit = lookup = preempted = busy = steps = generated = 0.0
+        timed = 0  # engines that report their busy time
         rates: list[float] = []
         answered = False
         for (url, _), text in zip(engines, texts, strict=True):
@@ -73,9 +86,18 @@ class EngineStats:
             elif "hit_rate" in now:
                 rates.append(now["hit_rate"])
             preempted += max(now.get("preempted", 0.0) - last.get("preempted", 0.0), 0.0)
+            if "busy" in now:
+                timed += 1
+                busy += now["busy"] - last.get("busy", 0.0)
+                steps += now.get("steps", 0.0) - last.get("steps", 0.0)
+                generated += now.get("generated", 0.0) - last.get("generated", 0.0)
         if not answered:
             return {}
         out = {"rollout/engine_preempted": preempted}
+        if steps > 0 and busy > 0:
+            out["rollout/engine_busy_s"] = busy / timed
+            out["rollout/engine_step_ms"] = 1e3 * busy / steps
+            out["rollout/engine_busy_tok_s"] = generated / busy
         if lookup > 0:
             out["rollout/engine_cache_hit_rate"] = hit / lookup
         elif rates:

@@ -33,8 +33,13 @@ def test_a_step_reports_the_hits_of_its_own_requests(engine_server, client):
     # 80 tokens looked up; the second request finds the first's two full blocks (its last token is
     # always computed)
     assert step["rollout/engine_cache_hit_rate"] == pytest.approx(32 / 80)
+    # the engine's own time: two tokens each, generated in at least one step of positive length
+    assert step["rollout/engine_busy_s"] > 0
+    assert step["rollout/engine_busy_tok_s"] * step["rollout/engine_busy_s"] == pytest.approx(4)
+    assert 0 < step["rollout/engine_step_ms"] <= 1e3 * step["rollout/engine_busy_s"]
     again = run(stats.step_metrics(engines))
     assert "rollout/engine_cache_hit_rate" not in again  # nothing looked up since
+    assert "rollout/engine_busy_s" not in again  # nor any step run
 
 
 class Fake:
@@ -90,3 +95,31 @@ def test_an_sglang_engine_reports_its_cumulative_hit_rate():
     assert parse_engine_metrics(text) == {"hit_rate": 0.75}
     step = run(EngineStats().step_metrics([("http://s", Fake([text]))]))
     assert step == {"rollout/engine_preempted": 0.0, "rollout/engine_cache_hit_rate": 0.75}
+
+
+def busy(seconds: float, steps: float, generated: float) -> str:
+    return (
+        f'relax:engine_busy_seconds_total{{model_name="m"}} {seconds}\n'
+        f'relax:engine_steps_total{{model_name="m"}} {steps}\n'
+        f'sglang:generation_tokens_total{{model_name="m"}} {generated}\n'
+    )
+
+
+def test_the_engines_busy_time_is_the_mean_over_the_engines_that_report_it():
+    """Two Relax engines and an SGLang one (no busy time): busy seconds are the mean of the two, the step
+    and the token rate pooled over their steps and seconds; a restart counts from zero."""
+    a = Fake([busy(1.0, 100, 1000), busy(3.0, 300, 26_000), busy(0.5, 50, 1000)])
+    b = Fake([busy(0.0, 0, 0), busy(1.0, 200, 9000), busy(2.0, 400, 19_000)])
+    s = Fake([exposition(0, 0, 0) + 'sglang:generation_tokens_total{model_name="m"} 7\n'] * 3)
+    stats = EngineStats()
+    engines = [("http://a", a), ("http://b", b), ("http://s", s)]
+    run(stats.step_metrics(engines))
+    step = run(stats.step_metrics(engines))
+    # a: 2 s, 200 steps, 25,000 tokens; b: 1 s, 200 steps, 9,000 tokens
+    assert step["rollout/engine_busy_s"] == pytest.approx(1.5)
+    assert step["rollout/engine_step_ms"] == pytest.approx(1e3 * 3.0 / 400)
+    assert step["rollout/engine_busy_tok_s"] == pytest.approx(34_000 / 3.0)
+    step = run(stats.step_metrics(engines))  # a restarted: its 0.5 s from zero; b 1 s more
+    assert step["rollout/engine_busy_s"] == pytest.approx(0.75)
+    assert step["rollout/engine_step_ms"] == pytest.approx(1e3 * 1.5 / 250)
+    assert step["rollout/engine_busy_tok_s"] == pytest.approx(11_000 / 1.5)

@@ -85,6 +85,8 @@ class EngineMetrics:
     preempted_total: int = 0  # running sequences preempted for want of KV blocks (recomputed later)
     prefix_hit_tokens: int = 0  # prompt tokens served by the prefix cache
     prefix_lookup_tokens: int = 0  # prompt tokens looked up in it
+    busy_seconds_total: float = 0.0  # wall seconds the engine thread spent inside scheduler steps
+    steps_total: int = 0  # scheduler steps run (each a prefill, a decode or both)
 
     @property
     def kv_usage(self) -> float:
@@ -178,7 +180,8 @@ class EmbeddedEngine:
         self.step_sleep_s = 0.0  # extra sleep after every step (`/slow_down`, for tests and debugging)
         self.burst_gap_s, self.burst_max_s = 0.001, 0.02  # see `_gather_burst`; 0 turns it off
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
-        self._totals = {"generated": 0, "prompt": 0, "requests": 0}
+        self._totals = {"generated": 0, "prompt": 0, "requests": 0, "steps": 0}
+        self._busy_s = 0.0  # wall seconds inside scheduler steps
         self.inbox = WeightInbox(self.runner.device, weight_join_timeout_s)  # weight-sync groups
         self._held: list[tuple[str, Tensor]] = []  # buckets of a push in progress, received while generating
         self.grammars = GrammarCompiler(self.tokenizer, self.runner.vocab_size, self.runner.eos_token_ids)
@@ -267,12 +270,18 @@ class EmbeddedEngine:
                 continue
             if self.burst_gap_s > 0 and self.scheduler.idle():
                 self._gather_burst()
+            t0 = time.perf_counter()
             try:
                 n = self.scheduler.step()
             except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
                 logger.exception("engine step failed; failing every request in flight")
                 self.scheduler.fail_all(RuntimeError(f"engine step failed: {e!r}"))
                 continue
+            # busy time: what the steps took, the GPU's wait included; the loop's idle waits and
+            # commands (weight updates, flushes) are outside it, so busy / rollout seconds is how much
+            # of a rollout the engine spent generating (`rollout/engine_busy_s`)
+            self._busy_s += time.perf_counter() - t0
+            self._totals["steps"] += 1
             if self.step_sleep_s > 0:
                 time.sleep(self.step_sleep_s)
             now = time.monotonic()
@@ -568,4 +577,6 @@ class EmbeddedEngine:
             preempted_total=self.scheduler.preempted,
             prefix_hit_tokens=prefix.hit_tokens if prefix is not None else 0,
             prefix_lookup_tokens=prefix.lookup_tokens if prefix is not None else 0,
+            busy_seconds_total=self._busy_s,
+            steps_total=self._totals["steps"],
         )

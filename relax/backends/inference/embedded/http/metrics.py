@@ -69,6 +69,15 @@ class EngineCollector(Collector):
             "Running sequences preempted for want of KV blocks (recomputed when readmitted).",
             m.preempted_total,
         )
+        yield counter(
+            "relax:engine_busy_seconds",
+            "Wall seconds the engine spent inside its steps (prefill and decode; idle waits and commands "
+            "such as weight updates left out).",
+            m.busy_seconds_total,
+        )
+        yield counter(
+            "relax:engine_steps", "Engine steps run (each a prefill, a decode or both).", m.steps_total
+        )
         yield gauge("relax:engine_paused", "1 while generation is paused.", float(m.paused))
         yield counter("sglang:generation_tokens", "Generated tokens.", m.generated_tokens_total)
         yield counter("sglang:prompt_tokens", "Prompt tokens received (times n).", m.prompt_tokens_total)
