@@ -558,13 +558,14 @@ class EmbeddedEngine:
         now = time.monotonic()
         recent = [(t, n) for t, n in list(self._recent) if t >= now - 5.0]
         span = max(now - recent[0][0], 1e-3) if recent else 1.0
-        prefix = self.scheduler.prefix
+        prefix, cache = self.scheduler.prefix, self.scheduler.cache
         return EngineMetrics(
             num_running=len(self.scheduler.running),
             num_waiting=self.scheduler.num_waiting(),
             gen_throughput=sum(n for _, n in recent) / span if recent else 0.0,
             kv_tokens=self.scheduler.kv_tokens(),
-            kv_capacity=self.scheduler.max_total_tokens,
+            # the budget, or less where the device could not grow the pool that far (`PagedKVCache`)
+            kv_capacity=min(self.scheduler.max_total_tokens, (cache.max_blocks - 1) * cache.block),
             generated_tokens_total=self._totals["generated"],
             prompt_tokens_total=self._totals["prompt"],
             requests_total=self._totals["requests"],

@@ -19,9 +19,11 @@ all zeros (the graphs' padding rows use it).
 
 The pool grows by doubling (one copy; `generation` is bumped, so captured CUDA graphs, which hold its
 address, are dropped) up to `max_blocks`, the engine's `max_total_tokens`; past it `alloc` fails and the
-scheduler preempts a row (`scheduler.py`). Only a lone row may grow the pool past the budget (a lone
-request is always served). The device table is synced from a host copy before each forward (`sync`): only
-the rows changed since, through pinned memory without waiting for the device.
+scheduler preempts a row (`scheduler.py`). A device that runs out of memory for a doubling lowers
+`max_blocks` to what it holds (or the largest smaller pool that fits), so the same preemption follows, never a failed step.
+Only a lone row may grow the pool past the budget (a lone request is always served). The device table is
+synced from a host copy before each forward (`sync`): only the rows changed since, through pinned memory
+without waiting for the device.
 
 The model sees this object as its cache: `update(k, v, layer)` is the only method it calls. Which rows
 and columns an `update` writes is set by `for_prefill` / `for_decode` before each forward.
@@ -145,8 +147,7 @@ class PagedKVCache:
         have = self.num_blocks
         if want <= have:
             return False
-        L, H, D = self.num_layers, self.num_kv_heads, self.head_dim
-        store = torch.zeros((2, L, want, H, self.block, D), dtype=self.dtype, device=self.device)
+        store = self._new_store(want)
         if self.store is not None:
             store[:, :, :have].copy_(self.store)
         self.store = store
@@ -160,6 +161,38 @@ class PagedKVCache:
         logger.debug("KV pool grown to %d blocks of %d tokens (%.0f MiB)", want, self.block, mib)
         return True
 
+    def _new_store(self, blocks: int) -> Tensor:
+        L, H, D = self.num_layers, self.num_kv_heads, self.head_dim
+        return torch.zeros((2, L, blocks, H, self.block, D), dtype=self.dtype, device=self.device)
+
+    def _grow_within_memory(self, want: int, need: int) -> bool:
+        """`_grow` to `want` blocks; where the device cannot hold that pool beside the old one (the copy
+        needs both), the largest of a few smaller sizes down to `need` that it can, and that size (or the
+        pool's size so far) becomes the budget: past it the scheduler preempts rows as at any full budget.
+        Before, the out-of-memory error failed every request in flight (a 1.5B engine's 256 rows of 8k
+        tokens asked an 80 GB card for 56 GiB more at a doubling)."""
+        try:
+            return self._grow(want)
+        except torch.OutOfMemoryError:
+            pass
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        grown, size = False, want
+        while not grown and size > max(need, self.num_blocks + 1):
+            size = max(need, (self.num_blocks + size) // 2)
+            try:
+                grown = self._grow(size)
+            except torch.OutOfMemoryError:
+                continue
+        self.max_blocks = max(self.num_blocks, 1)
+        logger.warning(
+            "the device could not grow the KV pool to %d blocks of %d tokens; its budget is now %d blocks "
+            "(%d tokens), and rows past it are preempted and recomputed: a lower max_total_tokens or "
+            "running batch, or more free device memory, avoids the recompute",
+            want, self.block, self.max_blocks, self.max_blocks * self.block,
+        )  # fmt: skip
+        return grown
+
     def alloc(self, n: int, force: bool = False) -> list[int] | None:
         """n fresh blocks (one reference each), or None when the budget cannot give them. The pool grows
         by doubling up to the budget; past it, blocks only the prefix cache holds are evicted (a few dozen
@@ -167,7 +200,7 @@ class PagedKVCache:
         while len(self.free) < n:
             short = n - len(self.free)
             want = min(max(2 * self.num_blocks, 64, self.num_blocks + short), self.max_blocks)
-            if self._grow(want):
+            if self._grow_within_memory(want, min(self.num_blocks + short, want)):
                 continue
             if self.reclaim and self.cache_only and self.reclaim(max(short, 32)):
                 continue

@@ -164,3 +164,24 @@ def test_a_full_kv_cache_preempts_and_the_output_is_identical(tiny_model_dir, de
         got, preempted = _outputs(tiny_model_dir, overlap, device, max_total_tokens=12 * BLOCK)
         assert preempted > 0
         assert got == want
+
+
+def test_a_device_out_of_memory_for_the_pool_preempts_instead_of_failing(tiny_model_dir, monkeypatch):
+    """The budget is roomy but the device holds no pool past 40 blocks (a larger allocation raises the
+    out-of-memory error a GPU raises): the first pool of 64 is refused, one of 32 taken and made the
+    budget, rows past it are preempted, and every request gets the tokens an engine with room gives."""
+    want, _ = _outputs(tiny_model_dir, overlap=False, max_total_tokens=1 << 14)
+    new_store = PagedKVCache._new_store
+    asked: list[int] = []
+
+    def small_device(self, blocks):
+        asked.append(blocks)
+        if blocks > 40:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return new_store(self, blocks)
+
+    monkeypatch.setattr(PagedKVCache, "_new_store", small_device)
+    got, preempted = _outputs(tiny_model_dir, overlap=False, max_total_tokens=1 << 14)
+    assert asked[:2] == [64, 32]  # refused, then half of it taken
+    assert preempted > 0
+    assert got == want
