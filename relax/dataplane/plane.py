@@ -310,6 +310,18 @@ class PlaneClient:
     _plane: DataPlane | None = None
     _plane_kind: str = "transferqueue"
 
+    def _use_plane(self, plane: DataPlane | None, kind: str) -> None:
+        """The constructor's part: `plane` (None: connect to the run's plane of `kind` on first use).
+        The client's modules are imported now, inside the constructor, so that they are among the
+        start-up objects a role replica freezes (relax/utils/gc_freeze.py). Imported at the first write
+        instead, TransferQueue's (tensordict, torch._dynamo: ~150 thousand objects) stayed in the
+        collector's oldest generation: every full collection of a step walked them, 0.1-0.17 s each on a
+        small host, five a step on the 2k-token rollout, on the rollout's event loop
+        (docs/measurements.md)."""
+        self._plane, self._plane_kind = plane, kind
+        if plane is None:
+            import_data_plane(kind)
+
     @property
     def plane(self) -> DataPlane:
         if self._plane is None:
@@ -332,6 +344,12 @@ def create_data_plane(kind: str, host: str | None = None, actor_options: dict | 
     if kind == "ray":
         return RayDataPlane.create()
     raise ValueError(f"unknown schedule.data_plane {kind!r}; valid: ray, transferqueue")
+
+
+def import_data_plane(kind: str) -> None:
+    """Import the client of the plane of kind `kind` (see `PlaneClient._use_plane`)."""
+    if kind == "transferqueue":
+        import relax.dataplane.transferqueue  # noqa: F401
 
 
 def connect_data_plane(kind: str) -> DataPlane:

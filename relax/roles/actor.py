@@ -57,7 +57,7 @@ class ActorRole(PlaneClient):
         self.needs_reference = cfg.algorithm.needs_reference and self.in_process
         self.trainer = build_trainer(cfg, with_reference=self.needs_reference, with_critic=spec.needs_critic)
         self.num_ranks = cfg.trainer.num_ranks
-        self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
+        self._use_plane(plane, cfg.schedule.data_plane)  # connects on first use
         # fully_async: under `old_log_probs: rollout` there is no ActorFwd and pi_old is filled from the
         # rollout log-probs in `train_sync`
         pi_old = [] if cfg.algorithm.pi_old_from_rollout else [LOG_PROBS]

@@ -49,7 +49,7 @@ class ActorFwdRole(StageRole):
         self.device = resolve_device(cfg.trainer.device)
         path = (cfg.model.reference_path or cfg.model.path) if reference else cfg.model.path
         self.model = load_model(path, DTYPES[cfg.model.dtype], cfg.trainer, trainable=False).to(self.device)
-        self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
+        self._use_plane(plane, cfg.schedule.data_plane)  # connects on first use
         self.trained_through = -1 if not reference else 1 << 30  # training steps in the weights
         self._weights_changed = asyncio.Condition()
         self._task: asyncio.Task | None = None

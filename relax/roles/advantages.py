@@ -91,7 +91,7 @@ class AdvantagesRole(StageRole):
 
         setup_logging()
         self.cfg = cfg
-        self._plane, self._plane_kind = plane, cfg.schedule.data_plane  # connects on first use
+        self._use_plane(plane, cfg.schedule.data_plane)  # connects on first use
         self.pi_old = pi_old_column(cfg)
         self.inputs = ["loss_mask", "reward", "group_id", self.pi_old]
         if cfg.algorithm.needs_reference:

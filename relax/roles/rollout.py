@@ -70,8 +70,7 @@ class RolloutRole(PlaneClient):
         self.assembler = StepAssembler(r.prompts_per_step, r.batch_order, self._write, r.over_provision)
         self.ledger = StepLedger(self.assembler)
         self._writer: RowWriter | None = None  # groups finished together go out in one put
-        # connected on first use (eval-only runs have no data plane)
-        self._plane, self._plane_kind = plane, cfg.schedule.data_plane
+        self._use_plane(plane, cfg.schedule.data_plane)  # connected on first use (eval-only runs have none)
         self.gate: StalenessGate | None = None
         self._ahead_task: asyncio.Task | None = None
         self._step_error: BaseException | None = None  # the first failed step running ahead

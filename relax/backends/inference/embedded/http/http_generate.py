@@ -17,14 +17,20 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from relax.backends.inference.embedded.engine import EmbeddedEngine
 from relax.backends.inference.embedded.http.http_errors import bad_request, validation_message
 from relax.backends.inference.embedded.http.prompt_text import encode_prompt
-from relax.backends.inference.embedded.http.sglang_format import Job, Partial, final_item, partial_item
+from relax.backends.inference.embedded.http.sglang_format import (
+    Job,
+    Partial,
+    final_item,
+    partial_item,
+    reply_body,
+)
 from relax.backends.inference.embedded.scheduling.sequence import GenerationResult
 from relax.data.mm_codec import decode_inputs
 from relax.engine_api.protocol import GenerateRequest, SamplingParams
@@ -137,13 +143,8 @@ def generate_router(engine: EmbeddedEngine) -> APIRouter:
             return bad_request(str(e))
         except RuntimeError as e:  # a failed step (500), or an engine thread that is gone (503: go elsewhere)
             return bad_request(str(e), status=500 if engine.is_alive() else 503)
-        tok = engine.tokenizer
-        items = [
-            final_item(r, job, tok, req.return_text_in_logprobs)
-            for results, job in zip(groups, jobs, strict=True)
-            for r in results
-        ]
-        return items if batched else items[0]
+        body = reply_body(groups, jobs, engine.tokenizer, req.return_text_in_logprobs, batched)
+        return Response(body, media_type="application/json")
 
     return router
 
