@@ -314,10 +314,8 @@ class PlaneClient:
         """The constructor's part: `plane` (None: connect to the run's plane of `kind` on first use).
         The client's modules are imported now, inside the constructor, so that they are among the
         start-up objects a role replica freezes (relax/utils/gc_freeze.py). Imported at the first write
-        instead, TransferQueue's (tensordict, torch._dynamo: ~150 thousand objects) stayed in the
-        collector's oldest generation: every full collection of a step walked them, 0.1-0.17 s each on a
-        small host, five a step on the 2k-token rollout, on the rollout's event loop
-        (docs/measurements.md)."""
+        instead, TransferQueue's (tensordict, torch._dynamo) stayed with the collector, and every full
+        collection of a step walked them on the role's event loop (docs/measurements.md)."""
         self._plane, self._plane_kind = plane, kind
         if plane is None:
             import_data_plane(kind)

@@ -102,11 +102,9 @@ class Reply:
     reason: str
 
     def json(self) -> Any:
-        """The body as JSON. msgspec's decoder reads a group's reply in about half the time of the
-        standard library's: a 2k-token GRPO group is 8 x 2,048 `[logprob, id, null]` triples, and every
-        reply of a step whose rows all end together is read on the Rollout's event loop after the
-        engine's last step (`python benchmarks/engine_reply.py`). It refuses the `NaN` and `Infinity`
-        tokens that the standard library accepts (and some servers write): those bodies are read by
+        """The body as JSON, read by msgspec's decoder, which is faster than the standard library's on
+        the long lists of a reply (`benchmarks/engine_reply.py`). It refuses the `NaN` and `Infinity`
+        tokens that the standard library accepts (and some servers write): those bodies go to
         `json.loads`."""
         try:
             return _DECODER.decode(self.body)
@@ -120,11 +118,11 @@ class Reply:
 
 def read_outputs(reply: Reply) -> GenerateOutput | list[GenerateOutput]:
     """The samples of a `/generate` reply, read with Python's cyclic collector paused: a reply is a burst
-    of small lists that all live until it is read (a `[logprob, id, null]` triple per token, 65 thousand
-    for a group of 8 x 8k tokens), so collections triggered inside it each walk again the triples read so
-    far, most of the read's time at 8k tokens. Afterwards the triples are freed by their reference counts
-    (no cycles), and nothing is left for the collector. `python benchmarks/engine_reply.py` has the
-    figures."""
+    of small lists that all live until it is read (a `[logprob, id, null]` triple per token), so
+    collections triggered inside it each walk again the triples read so far and the process's other
+    objects. Afterwards the triples are freed by their reference counts (no cycles). When a step's rows
+    end together, every reply is read after the engine's last step, on the RL step's critical path.
+    Figures: `benchmarks/engine_reply.py`, docs/measurements.md."""
     with collector_paused():
         data = reply.json()
         if isinstance(data, list):

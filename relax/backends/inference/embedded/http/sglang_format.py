@@ -90,12 +90,12 @@ def reply_body(
     """A finished `/generate`'s body: one item per sample (prompt-major), a list when `batched`.
 
     Built and serialized here, with Python's cyclic collector paused, rather than returned for FastAPI to
-    serialize (the same pydantic-core serializer): the items are a burst of small lists (a triple per
-    token) that live until they are written, and collections triggered while they are built each walk
-    them and every object the engine made since start-up (its sequences, its prefix cache's nodes). A
-    group of 8 x 8k tokens took 115 ms so in a process of a few hundred thousand such objects, 15 ms
-    paused (`python benchmarks/engine_reply.py`), on the HTTP thread, whose hold of the GIL the engine's
-    scheduler waits for. Afterwards the lists are freed by their reference counts (no cycles)."""
+    serialize (the same pydantic-core serializer, the same bytes): the items are a burst of small lists
+    (a triple per token) that live until they are written, and collections triggered while they are
+    built each walk them and every object the engine made since start-up (its sequences, its prefix
+    cache's nodes), on the HTTP thread, whose hold of the GIL the engine's scheduler waits for. Afterwards
+    the lists are freed by their reference counts (no cycles). Figures: `benchmarks/engine_reply.py`,
+    docs/measurements.md."""
     with collector_paused():
         items = [
             final_item(r, job, tokenizer, text_in_logprobs)
