@@ -279,6 +279,7 @@ def bench_engine(model_dir: Path, args: argparse.Namespace, prompts: list[list[i
         cuda_graphs=not args.no_cuda_graphs,
         overlap=False if args.no_overlap else None,
         enable_prefix_cache=not args.no_prefix_cache,
+        kv_preallocate=args.preallocate,
     ).start()
     freeze_startup_objects()  # as a serving process does (relax engine serve, the engine's Ray actor)
     if args.sdpa_decode and engine.runner.lean is not None:
@@ -486,6 +487,12 @@ def main() -> None:
     )
     ap.add_argument("--no-prefix-cache", action="store_true", help="Turn the engine's prefix cache off.")
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV budget (default: the workload's).")
+    ap.add_argument(
+        "--preallocate",
+        action="store_true",
+        help="Allocate the whole KV budget at start, as an engine beside a trainer does (no doubling, which "
+        "needs the old pool and the new one at once).",
+    )
     ap.add_argument("--cold", action="store_true", help="Time the engine's first pass (no untimed one).")
     ap.add_argument("--no-overlap", action="store_true", help="Read each decode step back before the next.")
     ap.add_argument("--no-cuda-graphs", action="store_true", help="Run the engine's decode steps eagerly.")

@@ -11,7 +11,8 @@ step's critical path (`perf/rollout_s` minus `rollout/engine_busy_s`). Three cos
 2. Reading it (`--n` samples; SGLang's shape, built by the embedded engine's own
    `final_item` and serialized as its route does) into `GenerateOutput`s, in a process whose start-up
    objects are frozen as a role's are: the standard library's `json.loads` (the client before), msgspec
-   (`Reply.json`), and the client's `read_outputs` (msgspec, the cyclic collector paused for the read).
+   (`Reply.json`), and the client's `read_outputs` (msgspec, the cyclic collector paused for the read);
+   and the packed reply a Relax engine sends Relax's client (`relax.engine_api.packed`), written and read.
 3. A full collection of Python's cyclic collector in a process that imported the data plane's client
    (TransferQueue: tensordict, torch._dynamo) after the role froze its start-up objects, against one
    that imported it before (what `PlaneClient._use_plane` does; relax/utils/gc_freeze.py). A 2k-token
@@ -36,11 +37,13 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from pydantic_core import to_json
 
 from relax.backends.inference.embedded.http.sglang_format import Job, final_item, reply_body
 from relax.backends.inference.embedded.scheduling.sequence import GenerationResult
+from relax.engine_api import packed
 from relax.engine_api.client import GenerateOutput, Reply, read_outputs
 from relax.engine_api.protocol import SamplingParams
 
@@ -78,6 +81,7 @@ def group_results(n: int, length: int, vocab: int, seed: int) -> tuple[list[Gene
 WRITERS = {  # name -> (results, job) -> the reply's body
     "plain": lambda rs, job: to_json([final_item(r, job, None, False) for r in rs]),
     "reply_body": lambda rs, job: reply_body([rs], [job], None, False, True),
+    "packed": lambda rs, job: reply_body([rs], [job], None, False, True, packed=True),
 }
 
 
@@ -90,10 +94,11 @@ def per_group_ms(fn, *args: object, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-READERS = {  # name -> body -> the group's outputs
-    "json.loads": lambda b: [GenerateOutput.from_json(d) for d in json.loads(b)],
-    "msgspec": lambda b: [GenerateOutput.from_json(d) for d in Reply(200, b, "OK").json()],
-    "read_outputs": lambda b: read_outputs(Reply(200, b, "OK")),
+READERS = {  # name -> (the body it reads, body -> the group's outputs)
+    "json.loads": ("json", lambda b: [GenerateOutput.from_json(d) for d in json.loads(b)]),
+    "msgspec": ("json", lambda b: [GenerateOutput.from_json(d) for d in Reply(200, b, "OK").json()]),
+    "read_outputs": ("json", lambda b: read_outputs(Reply(200, b, "OK"))),
+    "packed": ("packed", lambda b: read_outputs(Reply(200, b, "OK", packed.MEDIA_TYPE))),
 }
 
 
@@ -121,19 +126,32 @@ def main() -> None:
         results, job = group_results(args.n, length, args.vocab, seed=length)
         body = WRITERS["plain"](results, job)
         assert WRITERS["reply_body"](results, job) == body, "reply_body must write what FastAPI wrote"
+        bodies = {"json": body, "packed": WRITERS["packed"](results, job)}
+        same = [replace(o, meta_info={}) for o in READERS["json.loads"][1](body)]
+        unpacked = [replace(o, meta_info={}) for o in READERS["packed"][1](bodies["packed"])]
+        assert unpacked == same, "the packed reply must read as the JSON one"
         write = {k: per_group_ms(fn, results, job, repeats=args.repeats) for k, fn in WRITERS.items()}
-        read = {k: per_group_ms(fn, body, repeats=args.repeats) for k, fn in READERS.items()}
-        old, new = write["plain"] + read["json.loads"], write["reply_body"] + read["read_outputs"]
+        read = {k: per_group_ms(fn, bodies[kind], repeats=args.repeats) for k, (kind, fn) in READERS.items()}
+        both = {  # the engine's write and the Rollout's read of one group
+            "before": write["plain"] + read["json.loads"],
+            "json": write["reply_body"] + read["read_outputs"],
+            "packed": write["packed"] + read["packed"],
+        }
         print(
-            f"{args.n} x {length:5d} tokens ({len(body) / 1e6:5.2f} MB), ms a group: engine writes "
+            f"{args.n} x {length:5d} tokens (JSON {len(body) / 1e6:5.2f} MB, packed "
+            f"{len(bodies['packed']) / 1e6:5.2f} MB), ms a group: engine writes "
             + ", ".join(f"{k} {v:.2f}" for k, v in write.items())
             + "; rollout reads "
             + ", ".join(f"{k} {v:.2f}" for k, v in read.items())
-            + f"; both {old:.2f} -> {new:.2f} ({old / new:.2f}x), a step of {args.groups} groups "
-            f"{old * args.groups / 1e3:.3f} s -> {new * args.groups / 1e3:.3f} s"
+            + "; both "
+            + " -> ".join(f"{k} {v:.2f}" for k, v in both.items())
+            + f" ({both['json'] / both['packed']:.1f}x JSON's), a step of {args.groups} groups "
+            + " -> ".join(f"{v * args.groups / 1e3:.3f}" for v in both.values())
+            + " s"
         )
         result["lengths"][length] = {
             "mb": len(body) / 1e6,
+            "packed_mb": len(bodies["packed"]) / 1e6,
             **{f"write_{k}_ms": v for k, v in write.items()},
             **{f"read_{k}_ms": v for k, v in read.items()},
         }

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from relax.engine_api import packed
 from relax.engine_api.protocol import version_to_engine
 from relax.utils.auth import engine_headers
 from relax.utils.gc_freeze import collector_paused
@@ -71,13 +72,23 @@ class GenerateOutput:
 
     @classmethod
     def from_json(cls, item: dict[str, Any]) -> GenerateOutput:
+        """A sample of SGLang's JSON reply, or of the packed one (`relax.engine_api.packed`: the output
+        ids and log-probs as raw arrays)."""
         meta = item.get("meta_info", {})
         finish = meta.get("finish_reason") or {}
         logprobs = meta.get("output_token_logprobs") or []
         version = meta.get("weight_version")
+        ids = item.get("output_ids")
+        if isinstance(ids, bytes):
+            ids = packed.unpack_ids(ids)
+        if packed.LOGPROB_VALUES in meta:
+            meta = dict(meta)  # meta_info keeps JSON's shape: the packed bytes are read, not kept
+            values = packed.unpack_logprobs(meta.pop(packed.LOGPROB_VALUES))
+        else:
+            values = [float(lp[0]) for lp in logprobs]
         return cls(
-            output_ids=list(item.get("output_ids") or [lp[1] for lp in logprobs]),
-            output_log_probs=[float(lp[0]) for lp in logprobs],
+            output_ids=list(ids or [lp[1] for lp in logprobs]),
+            output_log_probs=values,
             finish_reason=finish.get("type", "stop") if isinstance(finish, dict) else str(finish),
             weight_version=version_to_engine(version),
             text=item.get("text") or "",
@@ -100,6 +111,7 @@ class Reply:
     status: int
     body: bytes
     reason: str
+    content_type: str = "application/json"
 
     def json(self) -> Any:
         """The body as JSON, read by msgspec's decoder, which is faster than the standard library's on
@@ -122,9 +134,10 @@ def read_outputs(reply: Reply) -> GenerateOutput | list[GenerateOutput]:
     collections triggered inside it each walk again the triples read so far and the process's other
     objects. Afterwards the triples are freed by their reference counts (no cycles). When a step's rows
     end together, every reply is read after the engine's last step, on the RL step's critical path.
+    A Relax engine's packed reply (`relax.engine_api.packed`, by its content type) has no triples.
     Figures: `benchmarks/engine_reply.py`, docs/measurements.md."""
     with collector_paused():
-        data = reply.json()
+        data = packed.decode(reply.body) if reply.content_type == packed.MEDIA_TYPE else reply.json()
         if isinstance(data, list):
             return [GenerateOutput.from_json(d) for d in data]
         return GenerateOutput.from_json(data)
@@ -181,15 +194,22 @@ class EngineClient:
         await self.close()
 
     async def _request(
-        self, method: str, path: str, body: dict | None = None, timeout: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        timeout: float | None = None,
+        accept: str | None = None,
     ) -> Reply:
         url = f"{self.base_url}{path}"
         kwargs: dict[str, Any] = {} if body is None else {"json": body}
         if timeout is not None:
             kwargs["timeout"] = self._timeout(timeout)
+        if accept is not None:
+            kwargs["headers"] = {"Accept": accept}
         try:
             async with self._http().request(method, url, **kwargs) as resp:
-                reply = Reply(resp.status, await resp.read(), resp.reason or "")
+                reply = Reply(resp.status, await resp.read(), resp.reason or "", resp.content_type)
         except TimeoutError as e:  # aiohttp's timeouts derive from it
             raise EngineUnavailableError(
                 f"inference engine at {url} did not answer in time ({type(e).__name__}); check that it is running "
@@ -236,7 +256,8 @@ class EngineClient:
             body["rid"] = rid
         if on_chunk is not None:
             return await self._generate_stream(body, on_chunk)
-        return read_outputs(await self._request("POST", "/generate", body))
+        # a Relax engine answers packed (its output ids and log-probs as raw arrays), any other JSON
+        return read_outputs(await self._request("POST", "/generate", body, accept=packed.ACCEPT))
 
     async def _generate_stream(
         self, body: dict[str, Any], on_chunk: Callable[[int, GenerateOutput], None]

@@ -2,7 +2,8 @@
 writes it (`reply_body`) and the client reads it (`read_outputs`) with the cyclic collector paused, so a
 long group's reply does not trigger collections that walk the process's objects (only the few passes
 once the collector is back on); the bytes and the outputs are those of the plain path, and bodies
-msgspec refuses are still read."""
+msgspec refuses are still read. The packed reply (MessagePack, the output ids and log-probs as raw arrays)
+reads as the JSON one, value for value."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
+import pytest
 from pydantic_core import to_json
 
 from relax.backends.inference.embedded.http.sglang_format import Job, final_item, reply_body
 from relax.backends.inference.embedded.scheduling.sequence import GenerationResult
+from relax.engine_api import packed
 from relax.engine_api.client import GenerateOutput, Reply, read_outputs
 from relax.engine_api.protocol import SamplingParams
 
@@ -93,3 +97,64 @@ def test_a_body_msgspec_refuses_is_read_by_the_standard_library():
     out = read_outputs(Reply(200, body, "OK"))
     assert out.output_ids == [5] and math.isnan(out.output_log_probs[0])
     assert Reply(200, b"[1, 2]", "OK").json() == [1, 2]
+
+
+def without_meta(outs: list[GenerateOutput]) -> list[GenerateOutput]:
+    return [replace(o, meta_info={}) for o in outs]
+
+
+def test_a_packed_reply_reads_as_the_json_one_value_for_value():
+    results, job = group()
+    results[0].output_logprobs[:3] = [float("-inf"), -0.0, 1e-300]  # values JSON writes and reads exactly
+    js = reply_body([results], [job], None, False, batched=True)
+    body = reply_body([results], [job], None, False, batched=True, packed=True)
+    assert len(body) < len(js) / 2
+    with collections_counted() as seen:
+        outs = read_outputs(Reply(200, body, "OK", packed.MEDIA_TYPE))
+    assert len(seen) <= 10
+    plain = read_outputs(Reply(200, js, "OK"))
+    assert without_meta(outs) == without_meta(plain)
+    assert outs[0].output_log_probs[:3] == [float("-inf"), -0.0, 1e-300]
+    assert [o.output_log_probs for o in outs] == [r.output_logprobs for r in results]
+    assert [o.output_ids for o in outs] == [r.output_ids for r in results]
+    # meta_info keeps JSON's fields but the output triples, which the packed values replace
+    meta = {k: v for k, v in json.loads(js)[1]["meta_info"].items() if k != "output_token_logprobs"}
+    assert outs[1].meta_info == meta
+    one = read_outputs(
+        Reply(200, reply_body([results[:1]], [job], None, False, False, True), "", packed.MEDIA_TYPE)
+    )
+    assert one.rid == "r-0" and one.output_ids == results[0].output_ids
+
+
+class _Tokenizer:
+    def decode(self, ids: list[int]) -> str:
+        return f"<{ids[0]}>"
+
+
+def test_log_probs_with_token_text_and_replies_without_log_probs():
+    results, job = group(n=2, length=5)
+    body = reply_body([results], [job], _Tokenizer(), True, batched=True, packed=True)
+    items = json.loads(body)  # the triples carry text: JSON, whatever the client accepts
+    assert items[0]["meta_info"]["output_token_logprobs"][0][2] == f"<{results[0].output_ids[0]}>"
+    job.return_logprob = False
+    out = read_outputs(
+        Reply(200, reply_body([results], [job], None, False, True, True), "", packed.MEDIA_TYPE)
+    )
+    assert out[1].output_ids == results[1].output_ids and out[1].output_log_probs == []
+
+
+@pytest.mark.parametrize(
+    ("accept", "packs"),
+    [
+        (packed.ACCEPT, True),
+        (packed.MEDIA_TYPE, True),
+        ("application/json, application/vnd.relax.generate+msgpack;q=0.1", True),
+        ("application/json", False),
+        ("*/*", False),
+        ("application/vnd.relax.generate+json", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_only_an_accept_header_that_names_the_packed_type_gets_it(accept, packs):
+    assert packed.accepts_packed(accept) is packs

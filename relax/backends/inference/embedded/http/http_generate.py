@@ -1,6 +1,9 @@
 """`POST /generate` (and `PUT`, as SGLang serves it): SGLang's request schema (`relax.engine_api.protocol.
 GenerateRequest`), answered whole or streamed as server-sent events.
 
+A client that sends `Accept: application/vnd.relax.generate+msgpack` (Relax's `EngineClient`) gets the
+finished reply packed (`relax.engine_api.packed`); any other gets SGLang's JSON.
+
 Streaming (`stream: true`): one event per token (or per `stream_interval` tokens) and sample, each
 holding the sample's text, tokens and log-probs so far, cumulatively, as SGLang streams them; the last
 event of a sample carries its `finish_reason`; then `data: [DONE]`. A batch or `n > 1` interleaves the
@@ -33,6 +36,7 @@ from relax.backends.inference.embedded.http.sglang_format import (
 )
 from relax.backends.inference.embedded.scheduling.sequence import GenerationResult
 from relax.data.mm_codec import decode_inputs
+from relax.engine_api.packed import MEDIA_TYPE, accepts_packed
 from relax.engine_api.protocol import GenerateRequest, SamplingParams
 from relax.engine_api.streaming import DONE, IncrementalText, drain_until, sse
 
@@ -143,8 +147,10 @@ def generate_router(engine: EmbeddedEngine) -> APIRouter:
             return bad_request(str(e))
         except RuntimeError as e:  # a failed step (500), or an engine thread that is gone (503: go elsewhere)
             return bad_request(str(e), status=500 if engine.is_alive() else 503)
-        body = reply_body(groups, jobs, engine.tokenizer, req.return_text_in_logprobs, batched)
-        return Response(body, media_type="application/json")
+        text_in_lp = req.return_text_in_logprobs
+        packed = accepts_packed(request.headers.get("accept")) and not text_in_lp
+        body = reply_body(groups, jobs, engine.tokenizer, text_in_lp, batched, packed)
+        return Response(body, media_type=MEDIA_TYPE if packed else "application/json")
 
     return router
 

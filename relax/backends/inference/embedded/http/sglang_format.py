@@ -1,6 +1,7 @@
 """`/generate`'s answers in SGLang's shape: one item per sample, `{"text", "output_ids", "meta_info"}`,
 with the log-prob fields a request asked for (`[log-prob, token id, text | None]` triples; text only with
-`return_text_in_logprobs`), finished or (streaming) so far."""
+`return_text_in_logprobs`), finished or (streaming) so far; or, for a client that accepts it, the same
+items packed (`relax.engine_api.packed`: MessagePack, the output ids and log-probs as raw arrays)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pydantic_core import to_json
 from relax.backends.inference.embedded.model.prompt_logprobs import PromptLogprobs
 from relax.backends.inference.embedded.sampling.grammar import Grammar
 from relax.backends.inference.embedded.scheduling.sequence import GenerationResult
+from relax.engine_api import packed as packed_reply
 from relax.engine_api.protocol import SamplingParams
 from relax.utils.gc_freeze import collector_paused
 
@@ -45,24 +47,34 @@ def triples(pairs: list[tuple[float | None, int]], tokenizer: Any) -> list[list[
     return [[lp, t, tokenizer.decode([t]) if tokenizer is not None else None] for lp, t in pairs]
 
 
-def logprob_fields(job: Job, ids: list[int], lps: list[float], tops: list[Any], tokenizer: Any) -> dict:
-    """The meta_info log-prob fields of a sample (`tokenizer`: None unless return_text_in_logprobs)."""
+def logprob_fields(
+    job: Job, ids: list[int], lps: list[float], tops: list[Any], tokenizer: Any, packed: bool = False
+) -> dict:
+    """The meta_info log-prob fields of a sample (`tokenizer`: None unless return_text_in_logprobs;
+    `packed`: the output log-probs as one float64 array, `relax.engine_api.packed`)."""
     if not job.return_logprob:
         return {}
     pl = job.prompt_logprobs
     if pl is None:  # the default start: the last prompt token only, which has no log-prob
         pl = PromptLogprobs([job.prompt[-1]], [None], [None] if job.top_k else [])
     out: dict[str, Any] = {
-        "input_token_logprobs": triples(list(zip(pl.logprobs, pl.tokens, strict=True)), tokenizer),
-        "output_token_logprobs": triples(list(zip(lps, ids, strict=True)), tokenizer),
+        "input_token_logprobs": triples(list(zip(pl.logprobs, pl.tokens, strict=True)), tokenizer)
     }
+    if packed:
+        out[packed_reply.LOGPROB_VALUES] = packed_reply.pack_logprobs(lps)
+    else:
+        out["output_token_logprobs"] = triples(list(zip(lps, ids, strict=True)), tokenizer)
     if job.top_k > 0:
         out["input_top_logprobs"] = [None if t is None else triples(t, tokenizer) for t in pl.top]
         out["output_top_logprobs"] = [triples(t or [], tokenizer) for t in tops]
     return out
 
 
-def final_item(r: GenerationResult, job: Job, tokenizer: Any, text_in_logprobs: bool) -> dict[str, Any]:
+def final_item(
+    r: GenerationResult, job: Job, tokenizer: Any, text_in_logprobs: bool, packed: bool = False
+) -> dict[str, Any]:
+    """A finished sample's item; `packed`: its output ids and log-probs as raw arrays (never with
+    `text_in_logprobs`, whose triples carry each token's text)."""
     meta: dict[str, Any] = {
         "id": r.rid,
         "finish_reason": r.finish_reason,
@@ -76,8 +88,9 @@ def final_item(r: GenerationResult, job: Job, tokenizer: Any, text_in_logprobs: 
         meta["weight_versions"] = r.weight_versions
         meta["weight_version_starts"] = r.weight_version_starts
     tok = tokenizer if text_in_logprobs else None
-    meta.update(logprob_fields(job, r.output_ids, r.output_logprobs, r.output_top_logprobs, tok))
-    return {"text": r.text, "output_ids": r.output_ids, "meta_info": meta}
+    meta.update(logprob_fields(job, r.output_ids, r.output_logprobs, r.output_top_logprobs, tok, packed))
+    ids = packed_reply.pack_ids(r.output_ids) if packed else r.output_ids
+    return {"text": r.text, "output_ids": ids, "meta_info": meta}
 
 
 def reply_body(
@@ -86,8 +99,10 @@ def reply_body(
     tokenizer: Any,
     text_in_logprobs: bool,
     batched: bool,
+    packed: bool = False,
 ) -> bytes:
-    """A finished `/generate`'s body: one item per sample (prompt-major), a list when `batched`.
+    """A finished `/generate`'s body: one item per sample (prompt-major), a list when `batched`; JSON,
+    or with `packed` (the client accepts it, and no log-prob carries text) the packed reply.
 
     Built and serialized here, with Python's cyclic collector paused, rather than returned for FastAPI to
     serialize (the same pydantic-core serializer, the same bytes): the items are a burst of small lists
@@ -96,13 +111,15 @@ def reply_body(
     cache's nodes), on the HTTP thread, whose hold of the GIL the engine's scheduler waits for. Afterwards
     the lists are freed by their reference counts (no cycles). Figures: `benchmarks/engine_reply.py`,
     docs/measurements.md."""
+    packed = packed and not text_in_logprobs
     with collector_paused():
         items = [
-            final_item(r, job, tokenizer, text_in_logprobs)
+            final_item(r, job, tokenizer, text_in_logprobs, packed)
             for results, job in zip(groups, jobs, strict=True)
             for r in results
         ]
-        return to_json(items if batched else items[0])
+        body = items if batched else items[0]
+        return packed_reply.encode(body) if packed else to_json(body)
 
 
 def partial_item(
