@@ -257,7 +257,16 @@ class EngineClient:
         if on_chunk is not None:
             return await self._generate_stream(body, on_chunk)
         # a Relax engine answers packed (its output ids and log-probs as raw arrays), any other JSON
-        return read_outputs(await self._request("POST", "/generate", body, accept=packed.ACCEPT))
+        reply = await self._request("POST", "/generate", body, accept=packed.ACCEPT)
+        try:
+            return read_outputs(reply)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:  # msgspec's errors too
+            # the engine's fault, not the request's: the router takes it out and retries elsewhere
+            raise EngineUnavailableError(
+                f"inference engine at {self.base_url}/generate sent a reply that is not a generate reply "
+                f"({reply.content_type}, {len(reply.body)} bytes: {type(e).__name__}: {e}); check the "
+                "engine's log and that the URL is an SGLang or Relax engine"
+            ) from e
 
     async def _generate_stream(
         self, body: dict[str, Any], on_chunk: Callable[[int, GenerateOutput], None]

@@ -25,7 +25,8 @@ The logprob fields appear with `return_logprob`: `output_*` always, `input_*` wh
 >= 0 (from that prompt position on; position 0 has no log-prob: None), the `*_top_logprobs` lists when
 `top_logprobs_num` > 0. With `stream: true` the answer is server-sent events, one `data: {...}` per
 step that produced tokens (text, output ids and logprobs cumulative, `finish_reason` null until the
-last), then `data: [DONE]`; several prompts or samples are told apart by `index`.
+last), then `data: [DONE]`; several prompts or samples are told apart by `index`. Relax's client asks
+Relax's engines for the finished reply packed instead (`relax.engine_api.packed`, by `Accept`).
 """
 
 from __future__ import annotations

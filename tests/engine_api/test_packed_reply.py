@@ -1,13 +1,16 @@
 """`relax engine serve` answers `/generate` packed (`relax.engine_api.packed`) to a client that accepts
-it, and SGLang's JSON to any other; `EngineClient` asks for it and reads either."""
+it, and SGLang's JSON to any other; `EngineClient` asks for it and reads either, and a reply it cannot
+read (a broken engine, a proxy's page) is the engine's failure, named with its URL."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
+from aiohttp import web
 
 from relax.engine_api import client as client_module
 from relax.engine_api import packed
-from relax.engine_api.client import Reply, read_outputs
+from relax.engine_api.client import EngineClient, EngineUnavailableError, Reply, read_outputs
 from tests.engine_helpers import run
 
 BODY = {
@@ -54,3 +57,34 @@ def test_the_client_asks_for_the_packed_reply(engine_server, client, monkeypatch
     assert seen == [packed.MEDIA_TYPE]
     assert [len(o.output_ids) for o in outs] == [6] * 4
     assert all(len(o.output_log_probs) == 6 and o.weight_version is not None for o in outs)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        (packed.MEDIA_TYPE, b"\xc1 not msgpack"),
+        (packed.MEDIA_TYPE, packed.encode({"output_ids": b"\x01\x02\x03", "meta_info": {}})),  # not int32s
+        ("application/json", b"<html>a proxy's page</html>"),
+        ("application/json", b'{"meta_info": {"output_token_logprobs": [[0.5]]}}'),
+    ],
+)
+def test_a_reply_that_cannot_be_read_names_the_engine(content_type, body):
+    async def main() -> None:
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(body=body, content_type=content_type)
+
+        app = web.Application()
+        app.router.add_post("/generate", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - the port the OS picked
+        url = f"http://127.0.0.1:{port}"
+        try:
+            with pytest.raises(EngineUnavailableError, match=f"{url}/generate sent a reply"):
+                await EngineClient(url, timeout_s=10).generate([1, 2], {"max_new_tokens": 2})
+        finally:
+            await runner.cleanup()
+
+    run(main())
