@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from itertools import chain, islice
 
+import numpy as np
 import torch
 
 
@@ -89,11 +92,34 @@ def pad_ragged(
     if all(isinstance(row, torch.Tensor) for row in rows):
         flat = torch.cat([row.reshape(-1)[:n] for row, n in zip(rows, lens, strict=True)]).to(dtype)
     else:
-        flat = torch.tensor(
-            [x for row, n in zip(rows, lens, strict=True) for x in list(row)[:n]], dtype=dtype
-        )
+        flat = flat_tensor(rows, dtype, lens)
     out[torch.arange(length)[None, :] < torch.tensor(lens)[:, None]] = flat  # row-major: rows in order
     return out
+
+
+def flat_tensor(rows: Sequence[Sequence], dtype: torch.dtype, lens: list[int] | None = None) -> torch.Tensor:
+    """The rows' values one after another as a 1-D tensor (the first `lens[i]` of row i when given).
+
+    Per-token columns arrive as Python lists (a 2k-token step holds about half a million values a
+    column): numpy's `fromiter` over the chained rows reads them in C, where a list comprehension fed to
+    `torch.tensor` runs a Python loop, with the same values (`benchmarks/trainer_inputs.py` has the
+    figures). Rows of elements numpy cannot read (0-d tensors, say) take the comprehension."""
+    if lens is None:
+        parts: Sequence = rows
+    else:
+        parts = [row if len(row) == n else islice(row, n) for row, n in zip(rows, lens, strict=True)]
+    count = sum(len(row) for row in rows) if lens is None else sum(lens)
+    np_dtype = _NUMPY.get(dtype)
+    if np_dtype is not None:
+        try:
+            return torch.from_numpy(np.fromiter(chain.from_iterable(parts), dtype=np_dtype, count=count))
+        except (TypeError, ValueError):
+            parts = rows if lens is None else [list(row)[:n] for row, n in zip(rows, lens, strict=True)]
+    return torch.tensor([x for row in parts for x in row], dtype=dtype)
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32}
+_NUMPY[torch.bool] = np.bool_
 
 
 def pack_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

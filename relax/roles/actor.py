@@ -21,7 +21,7 @@ from relax.backends.training.rank_group import GroupCritic, TrainerGroup
 from relax.backends.training.torch_backend import TorchTrainer
 from relax.config import RelaxConfig
 from relax.config.modes import actor_fetches_ahead, overlaps_push, stages_in_process, sub_batch_groups
-from relax.data.batch import TrainBatch
+from relax.data.batch import TrainBatch, flat_tensor
 from relax.data.columns import (
     ADVANTAGES,
     ADVANTAGES_METRICS,
@@ -383,8 +383,8 @@ def _mismatch_metrics(batch: TrainBatch) -> dict[str, float]:
         return {}
     # one tensor op over the batch: per-sample tensors cost more, on the update's path (docs/measurements.md)
     old = torch.cat([o.reshape(-1) for o, _, _ in kept]).float()
-    rollout = torch.tensor([x for _, r, _ in kept for x in r], dtype=torch.float32)
-    mask = torch.tensor([bool(m) for _, _, ms in kept for m in ms], dtype=torch.bool)
+    rollout = flat_tensor([r for _, r, _ in kept], torch.float32)
+    mask = flat_tensor([ms for _, _, ms in kept], torch.bool)
     d = (old - rollout)[mask].abs()
     if not d.numel():
         return {}

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from relax.backends.training import logprobs as lp
 from relax.backends.training.packing import packed_response_states, should_pack
-from relax.data.batch import Ragged, TrainBatch
+from relax.data.batch import Ragged, TrainBatch, flat_tensor
 from relax.models.media_dedup import expanding_media
 from relax.models.multimodal_model import banned_token_ids, mask_media_logits, model_inputs
 
@@ -80,7 +80,7 @@ def build_micro_batch(
     cols = torch.arange(L)[None, :]
     real = (cols < lens[:, None]) if right else (cols >= (L - lens)[:, None])  # [B, L]
     input_ids = torch.zeros(len(seqs), L, dtype=torch.long)
-    input_ids[real] = torch.tensor([t for s in seqs for t in s], dtype=torch.long)  # row-major: in order
+    input_ids[real] = flat_tensor(seqs, torch.long)  # row-major: in order
     attn = real.long()
     # right: 0..L-1 on every row (the padding after a row's tokens changes nothing before it)
     position_ids = cols.expand(len(seqs), L) if right else (attn.cumsum(-1) - 1).clamp(min=0)
