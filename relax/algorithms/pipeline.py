@@ -54,6 +54,11 @@ def _to_floats(metrics: dict[str, Tensor]) -> dict[str, float]:
     return dict(zip(metrics, values.tolist(), strict=True))
 
 
+def _detached(metrics: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Detached fp32 0-d tensors, left on the device (no sync)."""
+    return {k: v.detach().float().reshape(()) for k, v in metrics.items()}
+
+
 def _need(x: Tensor | None, what: str, why: str) -> Tensor:
     if x is None:
         raise ValueError(f"{why} needs {what}, but it was not passed")
@@ -149,13 +154,16 @@ class PolicyLossInputs:
 PolicyLossFn = Callable[[PolicyLossInputs], "tuple[Tensor, dict[str, float]]"]
 
 
-def make_policy_loss(cfg: AlgorithmConfig) -> PolicyLossFn:
+def make_policy_loss(cfg: AlgorithmConfig, *, tensor_metrics: bool = False) -> PolicyLossFn:
     """The loss function the trainer calls per micro-batch.
 
     It returns (loss, metrics): ``loss`` is this micro-batch's SHARE of the global-batch loss --
     summing it over all micro-batches and ranks gives the global loss under ``cfg.loss_agg_mode``,
-    so gradient accumulation (sum) + all-reduce (sum) equals one big batch. Metrics are floats.
+    so gradient accumulation (sum) + all-reduce (sum) equals one big batch. Metrics are floats, or with
+    ``tensor_metrics`` detached 0-d tensors on the loss's device: the trainer reads a step's metrics
+    from the device once, where a float per micro-batch would make the host wait for each forward.
     """
+    finish = _detached if tensor_metrics else _to_floats
     policy_loss = POLICY_LOSSES[cfg.spec.policy_loss]
     get_reducer(cfg.loss_agg_mode, cfg.custom_loss_agg)  # fail now, not in the first step
 
@@ -202,7 +210,7 @@ def make_policy_loss(cfg: AlgorithmConfig) -> PolicyLossFn:
             max_response_len=x.max_response_len,
             custom_path=cfg.custom_loss_agg,
         )
-        return loss, _to_floats(metrics)
+        return loss, finish(metrics)
 
     return loss_fn
 
@@ -220,9 +228,13 @@ class ValueLossInputs:
     max_response_len: int
 
 
-def make_value_loss(cfg: AlgorithmConfig) -> Callable[[ValueLossInputs], tuple[Tensor, dict[str, float]]]:
-    """The critic's per-micro-batch loss: clipped value loss, aggregated and scaled like the policy loss."""
+def make_value_loss(
+    cfg: AlgorithmConfig, *, tensor_metrics: bool = False
+) -> Callable[[ValueLossInputs], tuple[Tensor, dict[str, float]]]:
+    """The critic's per-micro-batch loss: clipped value loss, aggregated and scaled like the policy loss
+    (``tensor_metrics`` as in `make_policy_loss`)."""
     get_reducer(cfg.loss_agg_mode, cfg.custom_loss_agg)
+    finish = _detached if tensor_metrics else _to_floats
 
     def value_loss_fn(x: ValueLossInputs) -> tuple[Tensor, dict[str, float]]:
         mask = x.loss_mask.to(x.values.dtype)
@@ -237,6 +249,6 @@ def make_value_loss(cfg: AlgorithmConfig) -> Callable[[ValueLossInputs], tuple[T
             custom_path=cfg.custom_loss_agg,
         )
         metrics["vf_loss"] = masked_mean(loss_BT.detach(), mask)
-        return loss, _to_floats(metrics)
+        return loss, finish(metrics)
 
     return value_loss_fn

@@ -64,7 +64,7 @@ class ActorRole(PlaneClient):
         self.train_columns = ROLLOUT_COLUMNS + pi_old + [ADVANTAGES, ADVANTAGES_METRICS]
         if cfg.algorithm.needs_reference:
             self.train_columns.append(REF_LOG_PROBS)
-        self.loss_fn = make_policy_loss(cfg.algorithm)
+        self.loss_fn = make_policy_loss(cfg.algorithm, tensor_metrics=True)
         # pi_old from the update's own forward instead of a forward pass of its own (same weights)
         self.pi_old_from_update = pi_old_from_update(cfg)
         # PPO's critic trains alongside the actor: in process beside the one-rank trainer, or on the FSDP
@@ -72,7 +72,7 @@ class ActorRole(PlaneClient):
         self.critic: TorchCritic | GroupCritic | None = None
         if spec.needs_critic:
             self.critic = build_critic(cfg, self.trainer)
-            self.value_loss_fn = make_value_loss(cfg.algorithm)
+            self.value_loss_fn = make_value_loss(cfg.algorithm, tensor_metrics=True)
         # the one description of the run's weight transport; a rank group builds its senders from it too
         self.sender_settings = SenderSettings.from_config(
             cfg.trainer, cfg.resources.bind, disk_root=str(cfg.run.run_dir / "weights")

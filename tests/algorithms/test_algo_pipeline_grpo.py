@@ -73,3 +73,27 @@ def test_grpo_fully_masked_micro_batch_is_finite():
     loss.backward()
     assert loss.item() == 0.0 and torch.all(lp.grad == 0)
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_tensor_metrics_are_the_float_metrics_left_on_the_device(name):
+    """The trainer's form (`tensor_metrics`) reads as the public one, value for value, and the loss and
+    its gradient are the same."""
+    from relax.algorithms.pipeline import ValueLossInputs, make_value_loss
+
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(3, 4, generator=g, requires_grad=True)
+    args = (lp, torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g), torch.ones(3, 4), 12.0, 3.0)
+    cfg = AlgorithmConfig(name=name, tis=True)
+    x = _inputs(*args, rollout=torch.randn(3, 4, generator=g))
+    loss_f, floats = make_policy_loss(cfg)(x)
+    loss_t, tensors = make_policy_loss(cfg, tensor_metrics=True)(x)
+    assert floats and set(floats) == set(tensors)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in tensors.values())
+    assert {k: float(v) for k, v in tensors.items()} == pytest.approx(floats, rel=1e-6)
+    torch.testing.assert_close(loss_t, loss_f)
+    if name == "ppo":
+        v = ValueLossInputs(lp, args[1], args[2], args[3], 12.0, 3.0, 4)
+        f = make_value_loss(cfg)(v)[1]
+        t = make_value_loss(cfg, tensor_metrics=True)(v)[1]
+        assert {k: float(x) for k, x in t.items()} == pytest.approx(f, rel=1e-6)

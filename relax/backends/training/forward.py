@@ -223,13 +223,42 @@ def value_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
 def split_rows(x_BT: Tensor, mb: MicroBatch) -> dict[int, Tensor]:
     """{batch row: its [R_b] slice on cpu} for a forward-only result: one device-to-host copy for the
     micro-batch, then the rows as views of one tensor of their tokens."""
-    if not mb.index:  # a dummy micro-batch: no rows of the batch
-        return {}
-    x_BT = x_BT.detach().cpu()
-    lens = mb.response_lens.tolist()
-    valid = torch.arange(x_BT.size(1))[None, :] < mb.response_lens[:, None]
-    rows = torch.split(x_BT[valid], lens)  # views of one new tensor (`Ragged` pickles them as one)
-    return dict(zip(mb.index, rows, strict=True))
+    return RowsToHost().add(x_BT, mb).rows()
+
+
+class RowsToHost:
+    """Forward-only results of a pass's micro-batches, copied to the host without waiting: each copy
+    is queued behind its micro-batch's kernels into pinned memory (on a GPU), and `rows` waits once for
+    all of them. A blocking copy per micro-batch would leave the GPU idle while the host builds the next
+    micro-batch's inputs."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[Tensor, MicroBatch]] = []
+        self._done: torch.cuda.Event | None = None
+
+    def add(self, x_BT: Tensor, mb: MicroBatch) -> RowsToHost:
+        if not mb.index:  # a dummy micro-batch: no rows of the batch
+            return self
+        x_BT = x_BT.detach()
+        if x_BT.device.type == "cuda":
+            host = torch.empty(x_BT.shape, dtype=x_BT.dtype, pin_memory=True)
+            host.copy_(x_BT, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()  # on the current stream, after the copy
+        else:
+            host = x_BT.cpu()
+        self._parts.append((host, mb))
+        return self
+
+    def rows(self) -> dict[int, Tensor]:
+        """{batch row: its [R_b] slice}, views of one tensor per micro-batch (`Ragged` pickles them as one)."""
+        if self._done is not None:
+            self._done.synchronize()
+        out: dict[int, Tensor] = {}
+        for x_BT, mb in self._parts:
+            valid = torch.arange(x_BT.size(1))[None, :] < mb.response_lens[:, None]
+            out.update(zip(mb.index, torch.split(x_BT[valid], mb.response_lens.tolist()), strict=True))
+        return out
 
 
 def forward_rows(
@@ -247,6 +276,7 @@ def forward_rows(
     if what not in ("logp", "entropy", "values"):
         raise ValueError(f"forward_rows: unknown output {what!r}; use logp, entropy or values")
     out: list[Tensor] = [torch.empty(0)] * len(batch)
+    pending = RowsToHost()
     with torch.no_grad():
         for idx in plan:
             mb = micro_batch(model, batch, idx, device)
@@ -255,6 +285,7 @@ def forward_rows(
             else:
                 logp, ent = policy_forward(model, mb, with_entropy=what == "entropy", pack=pack)
                 result = ent if what == "entropy" else logp
-            for i, row in split_rows(result, mb).items():
-                out[i] = row
+            pending.add(result, mb)
+    for i, row in pending.rows().items():
+        out[i] = row
     return Ragged(out)

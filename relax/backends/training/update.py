@@ -90,6 +90,37 @@ def local_totals(mini: TrainBatch, max_len: int) -> Totals:
     return Totals(max(float(sum(sum(m) for m in mini.loss_mask)), 1.0), float(len(mini)), max_len)
 
 
+class StepSums:
+    """An optimizer step's loss, loss-mask weight and weighted metrics, summed over its micro-batches
+    where they were computed (device tensors or floats) and read with one device-to-host copy."""
+
+    def __init__(self) -> None:
+        self.loss: Tensor | float = 0.0
+        self.weight: Tensor | float = 0.0
+        self.weighted: dict[str, Tensor | float] = {}
+
+    def add(self, loss: Tensor | float, weight: Tensor | float, metrics: dict[str, Any]) -> None:
+        def f64(x: Tensor | float) -> Tensor | float:  # the host's float precision, on the device
+            return x.detach().double() if isinstance(x, Tensor) else float(x)
+
+        weight = f64(weight)
+        self.loss = self.loss + f64(loss)
+        self.weight = self.weight + weight
+        for k, v in metrics.items():
+            self.weighted[k] = self.weighted.get(k, 0.0) + f64(v) * weight
+
+    def values(self) -> tuple[float, float, dict[str, float]]:
+        """(loss, weight, {metric: weighted sum}) as floats."""
+        flat = [self.loss, self.weight, *self.weighted.values()]
+        on_device = [i for i, v in enumerate(flat) if isinstance(v, Tensor)]
+        if on_device:
+            read = torch.stack([flat[i].reshape(()) for i in on_device]).tolist()
+            for i, v in zip(on_device, read, strict=True):
+                flat[i] = v
+        loss, weight, *rest = (float(v) for v in flat)
+        return loss, weight, dict(zip(self.weighted, rest, strict=True))
+
+
 class Trainable:
     """A model with its AdamW and learning-rate schedule. `value=True`: a critic (`ValueHeadModel`)
     trained with a value loss on `batch.returns` and the old values in `batch.extras["old_values"]`;
@@ -155,8 +186,10 @@ class Trainable:
         """The loss function's inputs for micro-batch `mb` of `mini`, with the forward (and its graph).
         `pi_old_from_forward`: pi_old is this forward's own log-probs, detached (see `step`)."""
 
-        def col(rows: list | None) -> Tensor | None:
-            return None if rows is None else pad_ragged([rows[i] for i in mb.index], mb.T).to(self.device)
+        def col(rows: list | None) -> Tensor | None:  # queued behind the forward, not waiting for it
+            if rows is None:
+                return None
+            return pad_ragged([rows[i] for i in mb.index], mb.T).to(self.device, non_blocking=True)
 
         if self.value:
             return ValueLossInputs(
@@ -208,8 +241,10 @@ class Trainable:
         them per row of `mini` (`old_log_probs`), for the metrics that compare them with the engine's."""
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_total, weighted, weight_sum = 0.0, {}, 0.0
-        old_rows: dict[int, Tensor] = {}
+        # the step's sums stay on the device until its end: a float per micro-batch would make the host
+        # wait for each micro-batch's kernels, and the GPU then for the host to build the next one
+        sums = StepSums()
+        old_rows = fw.RowsToHost()
         for idx in plan:
             mb = fw.micro_batch(self.model, mini, idx, self.device)
             if idx is None:
@@ -217,16 +252,12 @@ class Trainable:
                 continue
             inputs = self.loss_inputs(mini, mb, totals, pi_old_from_forward)
             if pi_old_from_forward:
-                old_rows.update(fw.split_rows(inputs.old_log_probs, mb))
+                old_rows.add(inputs.old_log_probs, mb)
             if check is not None and isinstance(inputs, PolicyLossInputs):
                 check.add(inputs, has_behaviour(mini, idx))
             loss, metrics = loss_fn(inputs)
             loss.backward()
-            loss_total += float(loss.detach())
-            w = float(inputs.loss_mask.sum())
-            weight_sum += w
-            for k, v in metrics.items():
-                weighted[k] = weighted.get(k, 0.0) + float(v) * w
+            sums.add(loss.detach(), inputs.loss_mask.sum(), metrics)
         grad_norm = self.clip_grad_norm()
         lr = self.scheduler.get_last_lr()[0]
         if torch.isfinite(grad_norm):
@@ -234,6 +265,7 @@ class Trainable:
         else:
             logger.warning("non-finite grad norm %s: update skipped", grad_norm)
         self.scheduler.step()
+        loss_total, weight_sum, weighted = sums.values()
         partial = {
             "loss": loss_total,
             "weighted": weighted,
@@ -243,7 +275,8 @@ class Trainable:
             "seconds": time.perf_counter() - t0,  # float(grad_norm) waited for the device
         }
         if pi_old_from_forward:  # (rows of `mini`, their values): one flat tensor across processes
-            partial["old_log_probs"] = (list(old_rows), Ragged(old_rows.values()))
+            rows = old_rows.rows()
+            partial["old_log_probs"] = (list(rows), Ragged(rows.values()))
         return partial
 
     def clip_grad_norm(self) -> Tensor:
