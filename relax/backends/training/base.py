@@ -45,7 +45,7 @@ class RatioCheck:
             self.dev_old = dev if self.dev_old is None else torch.maximum(self.dev_old, dev)
             if x.rollout_log_probs is None:
                 return
-            rows = torch.tensor(behaviour_rows, device=mask.device)[:, None]
+            rows = torch.tensor(behaviour_rows).to(mask.device, non_blocking=True)[:, None]
             dev = torch.where(mask & rows, (logp - x.rollout_log_probs).exp().sub(1).abs(), 0.0).amax()
             self.dev_mu = dev if self.dev_mu is None else torch.maximum(self.dev_mu, dev)
 

@@ -124,15 +124,16 @@ def response_positions(mb: MicroBatch) -> tuple[Tensor, Tensor, Tensor]:
     else:
         pos_N = mb.input_ids.size(1) - 1 - mb.response_lens[rows_N] + cols_N
     device = mb.input_ids.device
-    return rows_N.to(device), cols_N.to(device), pos_N.to(device)
+    nb = dict(non_blocking=True)  # a blocking copy would wait for the stream: the previous micro-batch
+    return rows_N.to(device, **nb), cols_N.to(device, **nb), pos_N.to(device, **nb)
 
 
 def left_align(x_BT: Tensor, response_lens: Tensor) -> Tensor:
     """Right-aligned rows (response ends at column T-1) -> left-aligned, zero past each response."""
     T = x_BT.size(1)
     cols = torch.arange(T)[None, :]
-    src = (T - response_lens[:, None] + cols).clamp(0, T - 1).to(x_BT.device)  # [B, T]
-    valid = (cols < response_lens[:, None]).to(x_BT.device)
+    src = (T - response_lens[:, None] + cols).clamp(0, T - 1).to(x_BT.device, non_blocking=True)  # [B, T]
+    valid = (cols < response_lens[:, None]).to(x_BT.device, non_blocking=True)
     return torch.where(valid, x_BT.gather(1, src), torch.zeros((), dtype=x_BT.dtype, device=x_BT.device))
 
 

@@ -57,6 +57,7 @@ def packed_response_states(
         ids_N = torch.cat([ids_N, ids_N.new_zeros(pad)])
         pos_N = torch.cat([pos_N, torch.arange(pad)])
     rows_M, cols_M = ragged_index(response_lens_B)
-    at_M = (ends_B[rows_M] - response_lens_B[rows_M] + cols_M - 1).to(device)  # predicts token at_M + 1
-    hidden_NH = decoder_hidden(model, input_ids=ids_N[None], position_ids=pos_N.to(device)[None])[0]
-    return hidden_NH[at_M], ids_N[at_M + 1], rows_M.to(device), cols_M.to(device)
+    nb = dict(non_blocking=True)  # host-built indices: queued, not waited for
+    at_M = (ends_B[rows_M] - response_lens_B[rows_M] + cols_M - 1).to(device, **nb)  # predicts token at_M + 1
+    hidden_NH = decoder_hidden(model, input_ids=ids_N[None], position_ids=pos_N.to(device, **nb)[None])[0]
+    return hidden_NH[at_M], ids_N[at_M + 1], rows_M.to(device, **nb), cols_M.to(device, **nb)
