@@ -154,6 +154,26 @@ def bench_head(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
+def sync_sites(worker, batch, loss_fn) -> dict[str, int]:
+    """{file:line: count} of the synchronizing CUDA calls of one training step (torch's sync debug mode)."""
+    import collections
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            worker.train_minibatches([batch], loss_fn)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sites = collections.Counter(
+        f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    for site, n in sites.most_common():
+        logger.info("host waits for the GPU at %s: %d times a step", site, n)
+    return dict(sites)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
@@ -186,12 +206,26 @@ def main() -> None:
     p.add_argument(
         "--head", action="store_true", help="only time the lm head: chunked log-probs vs full logits"
     )
+    p.add_argument(
+        "--sync-debug",
+        action="store_true",
+        help="count the operations of one step that make the host wait for the GPU, by source line",
+    )
+    p.add_argument(
+        "--attention-kernel",
+        choices=["auto", "flash", "cudnn"],
+        default="auto",
+        help="trainer.attention_kernel (docs/trainer.md, Attention kernel)",
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.head:
         bench_head(args)
         return
+    train(args)
 
+
+def train(args: argparse.Namespace) -> None:
     from relax.algorithms import AlgorithmConfig
     from relax.algorithms.pipeline import make_policy_loss
     from relax.backends.training.fsdp import FSDPWorker
@@ -209,6 +243,7 @@ def main() -> None:
         gradient_checkpointing=args.grad_ckpt,
         compile_layers=args.compile,
         mixed_precision="bf16" if args.dtype == "bfloat16" else "none",
+        attention_kernel=args.attention_kernel,
     )
     worker = FSDPWorker(
         str(tmp),
@@ -220,7 +255,9 @@ def main() -> None:
     worker.setup("127.0.0.1", _free_port())
     vocab = PRESETS[args.preset]["vocab_size"]
     batch = make_batch(args.batch, args.seq, args.prompt_len, vocab, args.ragged)
-    loss_fn = make_policy_loss(AlgorithmConfig(entropy_coef=args.entropy_coef))
+    loss_fn = make_policy_loss(
+        AlgorithmConfig(entropy_coef=args.entropy_coef), tensor_metrics=True
+    )  # as the Actor
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
 
     batch.old_log_probs = worker.compute_log_probs(batch)  # untimed: the first pass warms up
@@ -237,13 +274,14 @@ def main() -> None:
         metrics = merge_partials([worker.train_minibatches([batch], loss_fn)])
     sync()
     step_s = (time.perf_counter() - t0) / args.steps
+    syncs = sync_sites(worker, batch, loss_fn) if args.sync_debug and args.device == "cuda" else None
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             worker.train_minibatches([batch], loss_fn)
             sync()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70))
     tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
     publish = worker.gather_and_send(worker.step, "full", args.dtype)  # gather + cast (no engines attached)
     result = {
@@ -264,6 +302,8 @@ def main() -> None:
         "ragged": args.ragged,
         "entropy_coef": args.entropy_coef,
         "keep_gathered": args.keep_gathered,
+        "attention_kernel": args.attention_kernel,
+        "host_waits": syncs,
     }
     if args.device in PEAK_FLOPS:
         result["mfu"] = 6 * n_params * tokens / step_s / PEAK_FLOPS[args.device]

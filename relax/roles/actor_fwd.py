@@ -46,7 +46,7 @@ class ActorFwdRole(StageRole):
         # each replica is its own data-plane consumer: a restarted one takes again the rows its
         # predecessor took but never finished (recomputed values are the same)
         self.task = f"{task}-{uuid.uuid4().hex[:8]}"
-        self.device = resolve_device(cfg.trainer.device)
+        self.device = resolve_device(cfg.trainer.device, cfg.trainer.attention_kernel)
         path = (cfg.model.reference_path or cfg.model.path) if reference else cfg.model.path
         self.model = load_model(path, DTYPES[cfg.model.dtype], cfg.trainer, trainable=False).to(self.device)
         self._use_plane(plane, cfg.schedule.data_plane)  # connects on first use

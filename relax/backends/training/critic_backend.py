@@ -36,7 +36,7 @@ class TorchCritic:
         self, model_path: str, cfg: TrainerConfig, *, dtype: str = "float32", total_steps: int = 1
     ) -> None:
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device, cfg.attention_kernel)
         model = load_model(model_path, DTYPES[dtype], cfg, trainable=True, value_head=True)
         self.critic = Trainable(model.to(self.device), cfg, self.device, total_steps=total_steps, value=True)
         self.model, self.optimizer, self.scheduler = model, self.critic.optimizer, self.critic.scheduler

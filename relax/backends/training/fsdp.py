@@ -110,7 +110,7 @@ class FSDPWorker:
         cfg = self.cfg
         torch.manual_seed(self.seed)
         torch.set_num_threads(cfg.threads)
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device, cfg.attention_kernel)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.device.index or assigned_gpu_index())
             torch.cuda.set_device(self.device)

@@ -19,24 +19,28 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, attention: str = "auto") -> torch.device:
     """`auto` -> cuda when this process sees a GPU, else cpu; any other name as given. On a GPU the
-    process's attention kernels are set for training (`use_flash_attention`) and its products reduce
-    as the engine's do (`relax.models.numerics`)."""
+    process's attention kernel is set (`set_attention_kernel`) and its products reduce as the engine's do
+    (`relax.models.numerics`)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda":
-        use_flash_attention()
+        set_attention_kernel(attention)
         use_float32_reductions()
     return device
 
 
-def use_flash_attention() -> None:
-    """Leave cuDNN out of SDPA's choice in this (trainer) process: cuDNN's attention builds an execution
-    plan for every new (rows, length) shape, tens of milliseconds of host time while the GPU waits, and
-    ragged micro-batches bring new shapes every step (docs/gpus.md). The flash kernel needs no plan."""
-    torch.backends.cuda.enable_cudnn_sdp(False)
+def set_attention_kernel(kind: str) -> None:
+    """`trainer.attention_kernel` for this (trainer) process's SDPA calls: `cudnn` leaves cuDNN in SDPA's
+    choice (torch then prefers it on Hopper and newer GPUs); `flash` and `auto` leave it out.
+
+    cuDNN's kernels are faster, but it builds an execution plan for every new (rows, length) shape, and
+    ragged RL micro-batches bring new shapes every step; over the first steps of a run the plans cost
+    more than the kernels save (docs/trainer.md, Attention kernel, has the figures). The flash kernel
+    needs no plan."""
+    torch.backends.cuda.enable_cudnn_sdp(kind == "cudnn")
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:

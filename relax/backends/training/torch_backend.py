@@ -44,7 +44,7 @@ class TorchTrainer:
         torch.manual_seed(seed)
         torch.set_num_threads(cfg.threads)
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device, cfg.attention_kernel)
         model = load_model(model_path, DTYPES[dtype], cfg, trainable=True).to(self.device)
         self.policy = Trainable(model, cfg, self.device, total_steps=total_steps, fused=True)
         self.model, self.optimizer, self.scheduler = model, self.policy.optimizer, self.policy.scheduler

@@ -84,6 +84,12 @@ class TrainerConfig(Section):
         description="fsdp: torch.compile each decoder layer's forward (fuses the small ops; the first steps "
         "compile). None = auto: on for ranks on a GPU, off on CPU.",
     )
+    attention_kernel: Literal["auto", "flash", "cudnn"] = Field(
+        "auto",
+        description="SDPA kernel of the trainer's attention on a GPU: `flash` (no per-shape set-up), "
+        "`cudnn` (1.5-1.8x faster kernels, but 0.1-1.6 s to build a plan for each new micro-batch shape: "
+        "for runs whose shapes repeat), `auto` = flash (docs/trainer.md, Attention kernel).",
+    )
     pi_old_from_update: bool = Field(
         True,
         description="colocate/hybrid with one optimizer step per batch: pi_old (recomputed by the trainer) "
