@@ -34,7 +34,7 @@ from relax.backends.training import lora
 from relax.backends.training.base import LossFn, RatioCheck
 from relax.backends.training.forward import forward_rows
 from relax.backends.training.loading import DTYPES, layer_types, load_model, resolve_device
-from relax.backends.training.memory import check_static_fit, pending_update_bytes, plan_memory
+from relax.backends.training.memory import MemoryPlan, check_static_fit, pending_update_bytes, plan_memory
 from relax.backends.training.profiling import StepProbe
 from relax.backends.training.update import (
     Totals,
@@ -133,6 +133,8 @@ class FSDPWorker:
         self.mp_dtype = torch.bfloat16 if mixed else None
         fused = self.device.type == "cuda"  # one kernel for all parameters instead of a foreach chain
         kw = {"total_steps": self.total_steps, "fused": fused}
+        # one rank: FSDP's gradient reduction is a copy, so it runs once per step, not per micro-batch
+        kw["reduce_once"] = self.world_size == 1
         self.policy = Trainable(self._build(trainable=True, lora=True), cfg, self.device, **kw)
         self.model, self.optimizer, self.scheduler = (
             self.policy.model,
@@ -167,15 +169,31 @@ class FSDPWorker:
     def _trainables(self) -> list[Trainable]:
         return [self.policy] + ([self.critic] if self.critic is not None else [])
 
+    def _memory_plan(self, reduce_once: bool) -> MemoryPlan:
+        pending = sum(
+            pending_update_bytes(t.optimizer, reduce_once and t.reduce_once) for t in self._trainables()
+        )
+        if not self._reshard() and self.mp_dtype is not None:  # the kept bf16 copy
+            pending += sum(p.numel() * 2 for t in self._trainables() for p in t.model.parameters())
+        compute = 2 if self.mp_dtype is not None else DTYPES[self.dtype].itemsize
+        return plan_memory(self.cfg, self.device, self.model, pending, compute)
+
     def _budget(self) -> int:
         """The micro-batch token budget: planned for every model this rank trains at the first call on a
         GPU, from the memory free then (the colocated engine holds its cache by now; `memory.py`)."""
         if self.policy.tokens is None:
-            pending = sum(pending_update_bytes(t.optimizer) for t in self._trainables())
-            if not self._reshard() and self.mp_dtype is not None:  # the kept bf16 copy
-                pending += sum(p.numel() * 2 for t in self._trainables() for p in t.model.parameters())
-            compute = 2 if self.mp_dtype is not None else DTYPES[self.dtype].itemsize
-            plan = plan_memory(self.cfg, self.device, self.model, pending, compute)
+            plan = self._memory_plan(reduce_once=True)
+            if any(t.reduce_once for t in self._trainables()):
+                per_micro_batch = self._memory_plan(reduce_once=False)
+                if (plan.tokens, plan.checkpointing) != (
+                    per_micro_batch.tokens,
+                    per_micro_batch.checkpointing,
+                ):
+                    # the unsharded gradients would take room from the micro-batches (or turn on
+                    # checkpointing): a trade not measured yet, so the gradients reduce per micro-batch
+                    for t in self._trainables():
+                        t.reduce_once = False
+                    plan = per_micro_batch
             for t in self._trainables():
                 t.apply(plan)
                 if plan.checkpointing and not self._reshard():

@@ -156,11 +156,12 @@ def forward_tokens(cfg: TrainerConfig, device: torch.device) -> int:
     return FORWARD_TOKENS if device.type == "cuda" else CPU_TOKENS
 
 
-def pending_update_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes the next update still allocates: gradients, and AdamW's moments before its first step."""
+def pending_update_bytes(optimizer: torch.optim.Optimizer, reduce_once: bool = False) -> int:
+    """Bytes the next update still allocates: gradients, and AdamW's moments before its first step.
+    `reduce_once` (`Trainable.reduce_once`): FSDP also holds the unsharded gradients it accumulates."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     local = sum(_local_numel(p) * p.element_size() for p in params)
-    return local * (1 if optimizer.state else 3)
+    return local * ((1 if optimizer.state else 3) + int(reduce_once))
 
 
 def _local_numel(p: torch.Tensor) -> int:

@@ -135,8 +135,16 @@ class Trainable:
         total_steps: int = 1,
         fused: bool = True,
         value: bool = False,
+        reduce_once: bool = False,
     ) -> None:
         self.model, self.cfg, self.device, self.value = model, cfg, device, value
+        # an FSDP model on one rank: its gradients accumulate unsharded (in the reduce dtype) over a
+        # step's micro-batches and are reduced once, at the last; per micro-batch, the reduction (a
+        # copy in, a one-rank reduce-scatter, an accumulation into the sharded gradient) only moves
+        # bytes. Not on several ranks, where the unsharded gradients would cost a whole model's worth
+        # of memory on each; and turned off by the rank's memory plan where their copy would shrink the
+        # micro-batches (`FSDPWorker._budget`).
+        self.reduce_once = reduce_once
         # the micro-batch token budget: the config's, or planned at first use (`memory.plan_memory`)
         self.tokens: int | None = (
             None if device.type == "cuda" else cfg.max_tokens_per_micro_batch or CPU_TOKENS
@@ -158,7 +166,8 @@ class Trainable:
     def budget(self) -> int:
         """The micro-batch token budget, planned from the free memory at the first call on a GPU."""
         if self.tokens is None:
-            self.apply(plan_memory(self.cfg, self.device, self.model, pending_update_bytes(self.optimizer)))
+            pending = pending_update_bytes(self.optimizer, self.reduce_once)
+            self.apply(plan_memory(self.cfg, self.device, self.model, pending))
         return int(self.tokens)
 
     def apply(self, plan: MemoryPlan) -> None:
@@ -245,8 +254,11 @@ class Trainable:
         # wait for each micro-batch's kernels, and the GPU then for the host to build the next one
         sums = StepSums()
         old_rows = fw.RowsToHost()
-        for idx in plan:
+        last = max((n for n, idx in enumerate(plan) if idx is not None), default=-1)
+        for n, idx in enumerate(plan):
             mb = fw.micro_batch(self.model, mini, idx, self.device)
+            if self.reduce_once:
+                self.model.set_requires_gradient_sync(n >= last)
             if idx is None:
                 self._dummy(mb).backward()
                 continue
