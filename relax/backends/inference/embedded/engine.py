@@ -272,23 +272,24 @@ class EmbeddedEngine:
                 self._gather_burst()
             t0 = time.perf_counter()
             try:
-                n = self.scheduler.step()
+                with self.scheduler.holding_results():  # the replies go out once the step is counted
+                    n = self.scheduler.step()
+                    # busy time: what the steps took, the GPU's wait included; the loop's idle waits and
+                    # commands (weight updates, flushes) are outside it, so busy / rollout seconds is how
+                    # much of a rollout the engine spent generating (`rollout/engine_busy_s`)
+                    self._busy_s += time.perf_counter() - t0
+                    self._totals["steps"] += 1
+                    now = time.monotonic()
+                    self._recent.append((now, n))
+                    self._totals["generated"] += n
+                    while self._recent and self._recent[0][0] < now - 5.0:
+                        self._recent.popleft()
             except Exception as e:  # noqa: BLE001 - fail the requests, keep serving
                 logger.exception("engine step failed; failing every request in flight")
                 self.scheduler.fail_all(RuntimeError(f"engine step failed: {e!r}"))
                 continue
-            # busy time: what the steps took, the GPU's wait included; the loop's idle waits and
-            # commands (weight updates, flushes) are outside it, so busy / rollout seconds is how much
-            # of a rollout the engine spent generating (`rollout/engine_busy_s`)
-            self._busy_s += time.perf_counter() - t0
-            self._totals["steps"] += 1
             if self.step_sleep_s > 0:
                 time.sleep(self.step_sleep_s)
-            now = time.monotonic()
-            self._recent.append((now, n))
-            self._totals["generated"] += n
-            while self._recent and self._recent[0][0] < now - 5.0:
-                self._recent.popleft()
 
     def _post(self, fn: Callable[[], Any], drain: bool = True) -> Future:
         """Queue `fn` to run on the engine thread between two steps, once no decode step is in flight

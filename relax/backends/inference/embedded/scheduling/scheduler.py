@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import count
 
 import numpy as np
@@ -102,6 +104,7 @@ class Scheduler(Admission):
         self.chunked: ChunkedPrefill | None = None  # the prompt part way through a chunked prefill
         self.prefill_computed = 0  # prompt tokens run through a prefill (n samples of a prompt: once)
         self.prefill_submitted = 0  # prompt tokens admitted (likewise once per prompt)
+        self._held: dict[int, RequestGroup] | None = None  # finished inside `holding_results`
 
     # -- queue ----------------------------------------------------------------------------------
     def add(self, group: RequestGroup) -> None:
@@ -282,8 +285,24 @@ class Scheduler(Admission):
         self._finalize(finished)
 
     def _finalize(self, finished: list[Sequence]) -> None:
-        groups = {id(s.group): s.group for s in finished}.values()
-        resolve_groups([g for g in groups if g.done()], self.runner.weight_version)
+        groups = {id(s.group): s.group for s in finished if s.group.done()}
+        if self._held is not None:
+            self._held |= groups
+        else:
+            resolve_groups(list(groups.values()), self.runner.weight_version)
+
+    @contextmanager
+    def holding_results(self) -> Iterator[None]:
+        """Hand the requests that finish inside the block their results only at its end. The engine counts
+        a step's tokens and time inside it, so a caller that reads `/metrics` the moment its reply arrives
+        sees its own tokens (a run's per-step `rollout/engine_busy_tok_s` is scraped just so)."""
+        self._held = {}
+        try:
+            yield
+        finally:
+            if self._held is not None:  # None: `fail_all` inside the block failed them
+                resolve_groups(list(self._held.values()), self.runner.weight_version)
+                self._held = None  # where that raised, they stay held for `fail_all`
 
     def abort(self, rid: str | None, message: str = "aborted") -> int:
         """End the matching requests (all when `rid` is None); they return what they have so far."""
@@ -331,7 +350,8 @@ class Scheduler(Admission):
         chunked = self.chunked.unit if self.chunked is not None else []
         queued = [s for u in self.waiting for s in u]
         groups = {id(s.group): s.group for s in queued + self.running + chunked + self._admitting}
-        self.chunked, self._admitting = None, []
+        groups |= self._held or {}  # finished in the step that failed, not yet handed their results
+        self.chunked, self._admitting, self._held = None, [], None
         for g in groups.values():
             if not g.future.done():
                 g.future.set_exception(error)
